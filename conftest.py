@@ -1,0 +1,57 @@
+"""pytest integration: island markers, --device/--model/--hazard options, Hypothesis profiles."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+ISLAND_MARKERS = ("submod0", "gdn_core", "submod1", "moe", "forced_comm")
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("repro")
+    g.addoption("--device", default=os.environ.get("REPRO_DEVICE", "cpu"), help="cpu | cuda | xpu | auto")
+    g.addoption("--model", default=os.environ.get("REPRO_MODEL"), help="checkpoint directory (default: tiny)")
+    g.addoption("--hazard", action="append", default=[], help="restrict hazard tests to these")
+    g.addoption("--hypothesis-profile-name", default=os.environ.get("REPRO_HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config):
+    from repro.hunt import settings  # registers the ci / dev / soak profiles
+    settings.load_profile(config.getoption("--hypothesis-profile-name"))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in ISLAND_MARKERS:
+            if item.get_closest_marker(name) and name not in item.keywords:
+                item.add_marker(name)
+
+
+@pytest.fixture(scope="session")
+def device(request):
+    from repro.graphs import resolve_device
+    dev = resolve_device(request.config.getoption("--device"))
+    if dev.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            pytest.skip("needs an NVIDIA GPU (--device cuda)")
+    if dev.startswith("xpu"):
+        import torch
+        if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+            pytest.skip("needs an Intel GPU (--device xpu)")
+    return dev
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory, request):
+    explicit = request.config.getoption("--model")
+    if explicit:
+        return explicit
+    from repro.tiny import make_tiny
+    return str(make_tiny(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0))
+
+
+@pytest.fixture(scope="session")
+def hazard_filter(request):
+    return request.config.getoption("--hazard")

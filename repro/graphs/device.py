@@ -1,0 +1,114 @@
+"""Device graph providers: CUDA (`torch.cuda.CUDAGraph`), XPU upstream (`torch.xpu.XPUGraph`,
+torch >= 2.11) and XPU through IPEX 2.6/2.7 (`intel_extension_for_pytorch.xpu.XPUGraph`).
+
+They share one shape: a pool handle, `capture(fn, pool, stream)` returning (graph, outputs),
+`release` turning outputs into weak references whose memory goes back to the pool (what
+vLLM does for graph outputs), `synchronize`, and stream helpers. The XPU paths follow the
+documented APIs and are kept thin; they were not run here (no Intel GPU was available).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ..errors import DeviceUnavailable
+
+
+class _WeakCuda:
+    """Exposes raw device memory through `__cuda_array_interface__` without owning it."""
+
+    def __init__(self, ptr: int, nbytes: int):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
+                                         "version": 3, "strides": None}
+
+
+def weak_alias_cuda(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over `t`'s bytes that does not keep them alive (vLLM's `weak_ref_tensor`)."""
+    nbytes = t.untyped_storage().nbytes()
+    raw = torch.as_tensor(_WeakCuda(t.untyped_storage().data_ptr(), nbytes), device=t.device)
+    return raw.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+class DeviceGraphProvider:
+    supports_streams = True
+
+    def __init__(self, name: str, device: torch.device, graph_cls, graph_ctx, pool_handle, backend):
+        self.name = name
+        self.device = device
+        self._graph_cls = graph_cls
+        self._graph_ctx = graph_ctx
+        self._pool_handle = pool_handle
+        self.backend = backend  # torch.cuda or torch.xpu
+
+    def new_pool(self, name="pool"):
+        return self._pool_handle()
+
+    def capture(self, fn, pool, stream=None):
+        graph = self._graph_cls()
+        kw = {"pool": pool}
+        if stream is not None:
+            kw["stream"] = stream
+        with self._graph_ctx(graph, **kw):
+            out = fn()
+        return graph, out
+
+    def release(self, graph, tensors):
+        """No-op here: the runner replaces its strong references by `weak_alias` itself."""
+
+    def release_all_but(self, graph, keep):
+        """Intermediates are freed by the allocator when their last Python reference dies."""
+
+    def weak_alias(self, t: torch.Tensor) -> torch.Tensor | None:
+        if self.device.type == "cuda":
+            return weak_alias_cuda(t)
+        return None  # no portable weak tensor on XPU: the runner keeps a strong reference
+
+    def escape(self):
+        """Issue work on a side stream the capture does not join (its effect is not recorded)."""
+        side = self.backend.Stream(device=self.device)
+        return self.backend.stream(side)
+
+    def new_stream(self):
+        return self.backend.Stream(device=self.device)
+
+    def stream(self, s):
+        return self.backend.stream(s) if s is not None else contextlib.nullcontext()
+
+    def current_stream(self):
+        return self.backend.current_stream(self.device)
+
+    def new_event(self):
+        return self.backend.Event()
+
+    def synchronize(self) -> None:
+        self.backend.synchronize(self.device)
+
+
+def cuda_provider(index: int = 0) -> DeviceGraphProvider:
+    if not torch.cuda.is_available():
+        raise DeviceUnavailable("--device cuda: torch.cuda.is_available() is False (no NVIDIA GPU or a CPU build of torch)")
+    dev = torch.device("cuda", index)
+    return DeviceGraphProvider("cuda", dev, torch.cuda.CUDAGraph, torch.cuda.graph,
+                               torch.cuda.graph_pool_handle, torch.cuda)
+
+
+def xpu_provider(index: int = 0) -> DeviceGraphProvider:
+    xpu = getattr(torch, "xpu", None)
+    if xpu is None or not xpu.is_available():
+        raise DeviceUnavailable("--device xpu: torch.xpu.is_available() is False (no Intel GPU or no XPU build of torch)")
+    dev = torch.device("xpu", index)
+    if hasattr(xpu, "XPUGraph") and hasattr(xpu, "graph"):
+        pool = getattr(xpu, "graph_pool_handle", lambda: None)
+        return DeviceGraphProvider("xpu", dev, xpu.XPUGraph, xpu.graph, pool, xpu)
+    try:
+        import intel_extension_for_pytorch as ipex  # noqa: F401
+    except Exception as e:  # pragma: no cover - only on XPU stacks
+        raise DeviceUnavailable(f"XPU found but this torch has no torch.xpu.XPUGraph and IPEX does not import ({e})")
+    ipex_xpu = getattr(ipex, "xpu", None)
+    if ipex_xpu is None or not hasattr(ipex_xpu, "XPUGraph"):
+        raise DeviceUnavailable(
+            f"IPEX {getattr(ipex, '__version__', '?')}: no graph support (IPEX 2.8 removed XPUGraph; "
+            "use torch >= 2.11 for torch.xpu.XPUGraph or IPEX 2.6.10/2.7.10)")
+    pool = getattr(ipex_xpu, "graph_pool_handle", lambda: None)
+    return DeviceGraphProvider("ipex-xpu", dev, ipex_xpu.XPUGraph, ipex_xpu.graph, pool, xpu)

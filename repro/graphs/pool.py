@@ -1,0 +1,91 @@
+"""A memory pool model for the CPU tape: one arena shared by captured pieces.
+
+A device graph pool hands out blocks during capture; after capture, blocks whose tensors are
+only weakly held go back to the pool and a *later capture* may place its tensors there, while
+the earlier graph still writes the same bytes on every replay. This arena does the same with
+byte ranges of a few large uint8 tensors, so allocator reuse is testable on a CPU.
+"""
+from __future__ import annotations
+
+import torch
+
+ALIGN = 64
+SEGMENT = 4 << 20
+
+
+def _storage_nbytes(shape, stride, itemsize) -> int:
+    if any(s == 0 for s in shape):
+        return 0
+    return (1 + sum((n - 1) * st for n, st in zip(shape, stride))) * itemsize
+
+
+class Arena:
+    """First-fit allocator over segments; blocks are (segment, offset, nbytes)."""
+
+    def __init__(self, device="cpu", name="pool"):
+        self.device = torch.device(device)
+        self.name = name
+        self.segments: list[torch.Tensor] = []
+        self.free: list[list[tuple[int, int]]] = []  # per segment: sorted (offset, nbytes)
+        self.live: dict[tuple[int, int], int] = {}  # (segment, offset) -> nbytes
+        self.reused = 0  # blocks handed out over bytes an earlier block had used
+        self._ever: set[tuple[int, int, int]] = set()
+
+    def _new_segment(self, nbytes: int) -> int:
+        size = max(SEGMENT, -(-nbytes // ALIGN) * ALIGN)
+        self.segments.append(torch.zeros(size, dtype=torch.uint8, device=self.device))
+        self.free.append([(0, size)])
+        return len(self.segments) - 1
+
+    def alloc(self, nbytes: int) -> tuple[int, int]:
+        need = max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+        for seg, spans in enumerate(self.free):
+            for i, (off, n) in enumerate(spans):
+                if n >= need:
+                    spans[i:i + 1] = [(off + need, n - need)] if n > need else []
+                    return self._take(seg, off, need)
+        seg = self._new_segment(need)
+        off, n = self.free[seg][0]
+        self.free[seg] = [(off + need, n - need)] if n > need else []
+        return self._take(seg, off, need)
+
+    def _take(self, seg: int, off: int, n: int) -> tuple[int, int]:
+        self.live[(seg, off)] = n
+        if any(s == seg and o < off + n and off < o + m for (s, o, m) in self._ever):
+            self.reused += 1
+        self._ever.add((seg, off, n))
+        return seg, off
+
+    def release(self, block: tuple[int, int]) -> None:
+        n = self.live.pop(block, None)
+        if n is None:
+            return
+        seg, off = block
+        spans = self.free[seg]
+        spans.append((off, n))
+        spans.sort()
+        merged: list[tuple[int, int]] = []
+        for o, m in spans:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + m)
+            else:
+                merged.append((o, m))
+        self.free[seg] = merged
+
+    def tensor(self, block, shape, stride, dtype, storage_offset=0) -> torch.Tensor:
+        seg, off = block
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        seg_bytes = self.segments[seg]
+        flat = seg_bytes[: (seg_bytes.numel() // itemsize) * itemsize].view(dtype)
+        return flat.as_strided(shape, stride, off // itemsize + storage_offset)
+
+    def empty_like_strided(self, shape, stride, dtype) -> tuple[torch.Tensor, tuple[int, int]]:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        block = self.alloc(_storage_nbytes(shape, stride, itemsize))
+        return self.tensor(block, shape, stride, dtype), block
+
+    def span(self, block) -> tuple[int, int]:
+        """(start address, end address) of a block, for alias maps."""
+        seg, off = block
+        base = self.segments[seg].data_ptr()
+        return base + off, base + off + self.live.get(block, 0)

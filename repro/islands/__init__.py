@@ -1,0 +1,77 @@
+"""Islands built from one layer's tensors of a checkpoint.
+
+`Model(path, layer=...)` loads the layer (and the embedding / head rows) once; `copy()` builds
+a fresh set of islands with its own state cache (the lockstep needs two); `build(name, ...)`
+returns one island.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import Checkpoint
+from ..config import FULL, GDN
+from ..errors import BadInput
+from ..weights import to_device
+from .gdn import CanaryHead, GDNCore, StateCache, Submod0, Submod1
+from .moe import MoEBlock, MoEIsland
+
+ISLANDS = ("submod0", "gdn_core", "submod1", "moe", "forced_comm")
+
+
+def check_island(name: str) -> str:
+    if name not in ISLANDS:
+        raise BadInput(f"unknown island {name!r} (choose from {', '.join(ISLANDS)})")
+    return name
+
+
+class Model:
+    """One layer of a checkpoint on a device, ready to make island copies."""
+
+    def __init__(self, path: str | Path, device="cpu", layer: int | None = None, island: str = "submod0",
+                 tp_rank: int = 0, tp_size: int = 1):
+        check_island(island)
+        self.path = Path(path)
+        self.ckpt = Checkpoint.open(path)
+        self.cfg = cfg = self.ckpt.config
+        self.device = torch.device(device)
+        if layer is None:
+            layer = cfg.gdn_layers()[0] if island != "moe" else 0
+        kind = cfg.layer_type(layer)
+        if island in ("submod0", "gdn_core", "submod1") and kind != GDN:
+            gdn = cfg.gdn_layers()
+            raise BadInput(f"layer {layer} is a {kind} layer: island {island} needs a GDN (linear_attention) "
+                           f"layer ({', '.join(map(str, gdn[:8]))}{', ...' if len(gdn) > 8 else ''})")
+        self.layer = layer
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.weights = to_device(self.ckpt.load_layer(layer, tp_rank=tp_rank, tp_size=tp_size), self.device)
+        self.head = to_device(self.ckpt.load_head(), self.device)
+        if layer + 1 < cfg.num_hidden_layers:
+            self.next_norm = self.ckpt.load_layer(layer + 1).input_layernorm.to(self.device) \
+                if cfg.layer_type(layer + 1) == GDN or cfg.layer_type(layer + 1) == FULL else self.head.norm
+        else:
+            self.next_norm = self.head.norm
+
+    def copy(self, hazards=frozenset(), num_slots: int = 8, sentinel: int = 0):
+        from ..runner import LayerCopy
+        return LayerCopy(self.cfg, self.weights, self.head, self.next_norm, num_slots, self.device,
+                         sentinel=sentinel, hazards=hazards, tp_size=self.tp_size)
+
+
+def build(name: str, checkpoint, layer: int | None = None, tp_rank: int = 0, tp_size: int = 1, device="cpu",
+          num_slots: int = 8, sentinel: int = 0):
+    """One island of `checkpoint` (a path) on `device`."""
+    check_island(name)
+    if name == "forced_comm":
+        from .forced_comm import ForcedComm
+        return ForcedComm.build(checkpoint, layer=layer or 0, tp_rank=tp_rank, tp_size=tp_size, device=device)
+    m = Model(checkpoint, device, layer, island=name, tp_rank=tp_rank, tp_size=tp_size)
+    if name == "moe":
+        return MoEIsland(m.cfg, m.weights, m.head)
+    c = m.copy(num_slots=num_slots, sentinel=sentinel)
+    return {"submod0": c.submod0, "gdn_core": c.gdn_core, "submod1": c.submod1}[name]
+
+
+__all__ = ["ISLANDS", "Model", "build", "check_island", "Submod0", "GDNCore", "Submod1", "CanaryHead",
+           "StateCache", "MoEBlock", "MoEIsland"]

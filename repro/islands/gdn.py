@@ -1,0 +1,180 @@
+"""The GDN layer as vLLM's PIECEWISE split cuts it: submod0 -> gdn_core (splitting op) -> submod1.
+
+submod0: embedding -> input norm -> W8A8 projections; it also allocates `core_out`, the
+buffer the splitting op writes into (vLLM allocates it in the model's forward, so it is a
+graph output living in the pool).
+gdn_core: conv1d + gating + gated delta rule; mutates `core_out` and the state caches in place.
+submod1: gated norm -> out_proj -> residual -> post-attention norm -> MoE -> residual ->
+next layer's input norm.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import ModelConfig
+from ..weights import HeadWeights, LayerWeights
+from .base import Island, linear, ops
+
+
+@dataclass
+class GDNMeta:
+    """One step's GDN metadata: requests in order, decodes first (as vLLM orders them)."""
+
+    query_start_loc: torch.Tensor  # int32 [B+1]
+    state_indices: torch.Tensor  # int32 [B]
+    has_initial_state: torch.Tensor  # bool [B]
+    num_decodes: int  # requests with one token and a state (host ints, as the XPU op takes them)
+    num_tokens: int
+
+
+class StateCache:
+    """conv and SSM states indexed by slot. With sentinel 0, slot 0 is the null block."""
+
+    def __init__(self, cfg: ModelConfig, num_slots: int, device, tp_size: int = 1, sentinel: int = 0):
+        hv = cfg.linear_num_value_heads // tp_size
+        conv_dim = cfg.conv_dim // tp_size
+        self.sentinel = sentinel
+        self.num_slots = num_slots + (1 if sentinel == 0 else 0)
+        self.conv = torch.zeros(self.num_slots, conv_dim, cfg.linear_conv_kernel_dim - 1,
+                                dtype=torch.bfloat16, device=device)
+        self.ssm = torch.zeros(self.num_slots, hv, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+                               dtype=torch.float32, device=device)
+
+    @property
+    def usable(self) -> range:
+        return range(1, self.num_slots) if self.sentinel == 0 else range(self.num_slots)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {"conv_state": self.conv, "ssm_state": self.ssm}
+
+
+class Submod0(Island):
+    name = "submod0"
+    inputs = ("input_ids",)
+    outputs = ("qkv", "z", "b", "a", "residual", "core_out")
+
+    def __init__(self, cfg: ModelConfig, layer: LayerWeights, head: HeadWeights, tp_size: int = 1):
+        super().__init__()
+        self.cfg, self.w, self.embed = cfg, layer, head.embed_tokens
+        self.hv = cfg.linear_num_value_heads // tp_size
+
+    def forward(self, input_ids):
+        g = self.w.gdn
+        residual = self.embed[input_ids]
+        x = ops.rms_norm(residual, self.w.input_layernorm, self.cfg.rms_norm_eps)
+        if "escaped-capture" in self.hazards:
+            # e.g. a oneDNN matmul on its own cached queue: it runs during capture, is not recorded
+            with self.escape():
+                z = linear(x, g.in_proj_z)
+        else:
+            z = linear(x, g.in_proj_z)
+        out = {
+            "qkv": linear(x, g.in_proj_qkv),
+            "z": z,
+            "b": linear(x, g.in_proj_b),
+            "a": linear(x, g.in_proj_a),
+            "residual": residual,
+            "core_out": torch.empty(x.shape[0], self.hv, self.cfg.linear_value_head_dim,
+                                    dtype=torch.bfloat16, device=x.device),
+        }
+        return out
+
+
+class GDNCore(Island):
+    """The splitting op. Writes `core_out` and the state caches in place, returns nothing new
+    (unless the `fresh-alloc-split-op` hazard makes it return a fresh tensor)."""
+
+    name = "gdn_core"
+    inputs = ("qkv", "b", "a", "core_out")
+    outputs = ("core_out",)
+
+    def __init__(self, cfg: ModelConfig, layer: LayerWeights, cache: StateCache, tp_size: int = 1):
+        super().__init__()
+        self.cfg, self.w, self.cache = cfg, layer.gdn, cache
+        self.hk = cfg.linear_num_key_heads // tp_size
+        self.hv = cfg.linear_num_value_heads // tp_size
+        self.conv_w = self.w.conv1d_weight.squeeze(1)
+
+    def state(self):
+        return self.cache.tensors()
+
+    def _split(self, y):
+        c = self.cfg
+        kd, t = self.hk * c.linear_key_head_dim, y.shape[0]
+        q, k, v = y[:, :kd], y[:, kd:2 * kd], y[:, 2 * kd:]
+        return (q.reshape(t, self.hk, c.linear_key_head_dim), k.reshape(t, self.hk, c.linear_key_head_dim),
+                v.reshape(t, self.hv, c.linear_value_head_dim))
+
+    def forward(self, qkv, b, a, core_out, meta: GDNMeta):
+        s = self.cache.sentinel
+        nd, nt = meta.num_decodes, meta.num_tokens
+        undeclared = "undeclared-mutation" in self.hazards
+        out = torch.empty_like(core_out) if "fresh-alloc-split-op" in self.hazards else core_out
+        if nd:
+            idx = meta.state_indices[:nd]
+            y = ops.causal_conv1d_update(qkv[:nd], self.conv_w, self.cache.conv, idx, s)
+            q, k, v = self._split(y)
+            g, beta = ops.gdn_gating(self.w.A_log, a[:nd], self.w.dt_bias, b[:nd])
+            rule = ops.gated_delta_rule_decode_undeclared if undeclared else ops.gated_delta_rule_decode
+            out[:nd].copy_(rule(q, k, v, g, beta, self.cache.ssm, idx, s))
+        if nt > nd:
+            qsl = meta.query_start_loc[nd:] - nd
+            idx, init = meta.state_indices[nd:], meta.has_initial_state[nd:]
+            y = ops.causal_conv1d_fn(qkv[nd:nt], self.conv_w, self.cache.conv, qsl, idx, init, s)
+            q, k, v = self._split(y)
+            g, beta = ops.gdn_gating(self.w.A_log, a[nd:nt], self.w.dt_bias, b[nd:nt])
+            out[nd:nt].copy_(ops.gated_delta_rule_prefill(q, k, v, g, beta, self.cache.ssm, qsl, idx, init, s))
+        return {"core_out": out}
+
+
+class Submod1(Island):
+    name = "submod1"
+    inputs = ("core_out", "z", "residual")
+    outputs = ("hidden", "next_normed")
+
+    def __init__(self, cfg: ModelConfig, layer: LayerWeights, next_norm: torch.Tensor, moe, tp_size: int = 1):
+        super().__init__()
+        self.cfg, self.w, self.next_norm, self.moe = cfg, layer, next_norm, moe
+        self.hv = cfg.linear_num_value_heads // tp_size
+
+    def forward(self, core_out, z, residual):
+        c = self.cfg
+        t = core_out.shape[0]
+        zz = z.reshape(t, self.hv, c.linear_value_head_dim)
+        gated = ops.rms_norm_gated(core_out, zz, self.w.gdn.norm_weight, c.rms_norm_eps)
+        attn = linear(gated.reshape(t, -1), self.w.gdn.out_proj)
+        if "output-alias" in self.hazards:
+            # Inductor's reinplacing would do this inside a compiled piece: `residual` looks dead
+            # to this graph, but it is graph 0's output and its holder still reads it.
+            h = residual.add_(attn)
+        else:
+            h = residual + attn
+        x = ops.rms_norm(h, self.w.post_attention_layernorm, c.rms_norm_eps)
+        n = self.ctx.num_actual_tokens if "frozen-python-state" in self.hazards else None
+        if n is not None:
+            # vLLM's MoE trims to the forward context's token count: a Python int a graph freezes.
+            m = torch.zeros_like(x)
+            m[:n] = self.moe(x[:n])
+        else:
+            m = self.moe(x)
+        hidden = h + m
+        return {"hidden": hidden, "next_normed": ops.rms_norm(hidden, self.next_norm, c.rms_norm_eps)}
+
+
+class CanaryHead(Island):
+    """Final norm + lm_head rows -> greedy token ids, as the lab's canary prompts were read."""
+
+    name = "head"
+    inputs = ("hidden",)
+    outputs = ("token_ids",)
+
+    def __init__(self, cfg: ModelConfig, head: HeadWeights):
+        super().__init__()
+        self.cfg, self.norm, self.lm_head = cfg, head.norm, head.lm_head
+
+    def forward(self, hidden):
+        x = ops.rms_norm(hidden, self.norm, self.cfg.rms_norm_eps)
+        logits = torch.nn.functional.linear(x, self.lm_head).float()
+        return {"token_ids": logits.argmax(-1)}
