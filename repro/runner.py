@@ -77,15 +77,18 @@ class EagerRunner:
         c.set_context(batch.num_tokens)
         with torch.inference_mode():
             o0 = c.submod0(input_ids=_ids(batch, c.device))
-            c.gdn_core(qkv=o0["qkv"], b=o0["b"], a=o0["a"], core_out=o0["core_out"], meta=batch.meta(c.device))
-            o1 = c.submod1(core_out=o0["core_out"], z=o0["z"], residual=o0["residual"])
+            core = c.gdn_core(qkv=o0["qkv"], b=o0["b"], a=o0["a"], core_out=o0["core_out"],
+                              meta=batch.meta(c.device))["core_out"]
+            o1 = c.submod1(core_out=core, z=o0["z"], residual=o0["residual"])
             ids = c.head(hidden=o1["hidden"])["token_ids"]
-        return _collect(o0, o1, ids, batch.num_tokens)
+        return _collect(o0, o1, ids, batch.num_tokens, core)
 
 
-def _collect(o0, o1, ids, n) -> dict[str, torch.Tensor]:
+def _collect(o0, o1, ids, n, core=None) -> dict[str, torch.Tensor]:
+    """Every island's outputs, live rows only, as the step left them. `core` is what the
+    splitting op returned (its `core_out` buffer unless it allocated a fresh tensor)."""
     out = {f"submod0.{k}": v[:n] for k, v in o0.items() if k != "core_out"}
-    out["gdn_core.core_out"] = o0["core_out"][:n]
+    out["gdn_core.core_out"] = (o0["core_out"] if core is None else core)[:n]
     out.update({f"submod1.{k}": v[:n] for k, v in o1.items()})
     out["head.token_ids"] = ids[:n]
     return {k: v.clone() for k, v in out.items()}
@@ -132,6 +135,7 @@ class GraphRunner:
         self.eager_family = {r.split("=", 1)[1] for r in self.repairs if r.startswith("eager-family=")}
         self._host = None
         self._noted: set = set()
+        self._core_linted: set = set()  # splitting-op call kinds (decode?, prefill?) linted once
         for isl in copy.islands():
             isl.escape = provider.escape
 
@@ -215,9 +219,8 @@ class GraphRunner:
                 cap.outs.append(o0)
                 if o0 is None:
                     o0 = c.submod0(input_ids=ids)
-                    cap.outs[0] = o0
                 ins = {k: o0[k] for k in ("core_out", "z", "residual")}
-                if "clone-outputs" in self.repairs:
+                if "clone-outputs" in self.repairs or g0 is None:
                     ins = {k: v.clone() for k, v in ins.items()}
                     cap.ins1 = ins
                 pool1 = self.provider.new_pool("private") if "private-pool" in self.repairs else self.pool
@@ -242,11 +245,11 @@ class GraphRunner:
         return cap
 
     def _linted(self, fn):
-        lint = Lint("replay copy", self.copy.gdn_core.state())
+        lint = Lint("the piece", self.copy.gdn_core.state())
         with lint:
             out = fn()
-        for p in lint.problems:
-            self._note("undeclared-mutation", "lint", p)
+        for kind, detail in lint.problems:
+            self._note(kind, "lint", detail)
         return out
 
     def _note(self, kind, island, detail):
@@ -307,7 +310,9 @@ class GraphRunner:
                 meta = batch.meta(c.device)
                 core = lambda: c.gdn_core(qkv=o0["qkv"][:n], b=o0["b"][:n], a=o0["a"][:n],  # noqa: E731
                                           core_out=o0["core_out"][:n], meta=meta)
-                r = self._linted(core) if not self.replays else core()
+                kind = (batch.num_decodes > 0, batch.num_tokens > batch.num_decodes)
+                r = core() if kind in self._core_linted else self._linted(core)
+                self._core_linted.add(kind)
                 fresh = r["core_out"]
                 if fresh.data_ptr() != o0["core_out"].data_ptr():
                     self._note("alias", "gdn_core", "gdn_core returned a fresh tensor, not the core_out buffer graph 1 "
@@ -315,13 +320,14 @@ class GraphRunner:
                     if "copy-inputs" in self.repairs:
                         o0["core_out"][:n].copy_(fresh)
                 ins = cap.ins1
-                if ins is not None and "clone-outputs" in self.repairs:
+                if ins is not None:  # submod1 reads runner-owned buffers: fill them
                     for k in ins:
-                        ins[k].copy_(o0[k])
-                o1 = self._run_piece(cap, 1, lambda: c.submod1(**(ins or {k: o0[k] for k in Submod1.inputs})))
+                        if ins[k].data_ptr() != o0[k].data_ptr():
+                            ins[k].copy_(o0[k])
+                o1 = self._run_piece(cap, 1, lambda: c.submod1(core_out=fresh, z=o0["z"][:n], residual=o0["residual"][:n]))
             o1 = self._consume(o1)
             ids = c.head(hidden=o1["hidden"][:n])["token_ids"]
-        return _collect(o0, o1, ids, n)
+        return _collect(o0, o1, ids, n, None if self.mode == "full" else fresh)
 
     def _note_frozen(self, size, changed):
         for k, (was, now) in changed.items():
@@ -355,11 +361,11 @@ class GraphRunner:
         n = batch.num_tokens
         with torch.inference_mode():
             o0 = c.submod0(input_ids=self.input_ids[:n])
-            meta = batch.meta(c.device)
-            c.gdn_core(qkv=o0["qkv"], b=o0["b"], a=o0["a"], core_out=o0["core_out"], meta=meta)
-            o1 = c.submod1(core_out=o0["core_out"], z=o0["z"], residual=o0["residual"])
+            core = c.gdn_core(qkv=o0["qkv"], b=o0["b"], a=o0["a"], core_out=o0["core_out"],
+                              meta=batch.meta(c.device))["core_out"]
+            o1 = c.submod1(core_out=core, z=o0["z"], residual=o0["residual"])
             ids = c.head(hidden=o1["hidden"])["token_ids"]
-        return _collect(o0, o1, ids, n)
+        return _collect(o0, o1, ids, n, core)
 
 
 def timed(fn, *a, **kw):

@@ -3,6 +3,7 @@ preempted; a scheduler turns them into steps (mixed prefill + decode batches) an
 frees and reuses state slots (slot reuse is where stale state bites). Seeded, JSON-able."""
 from __future__ import annotations
 
+import copy
 import json
 import random
 from dataclasses import asdict, dataclass, field
@@ -68,7 +69,7 @@ def schedule(seq: Sequence, usable_slots=None) -> list[StepBatch]:
     """A FCFS scheduler: decodes first, then prefills that fit the token budget and a free slot.
     Slots are taken lowest first, so a freed slot is reused by the next admitted request."""
     free = sorted(usable_slots if usable_slots is not None else range(1, seq.num_slots + 1))
-    waiting = sorted(seq.requests, key=lambda r: (r.arrive, r.rid))
+    waiting = sorted((copy.copy(r) for r in seq.requests), key=lambda r: (r.arrive, r.rid))
     for r in waiting:
         if r.prompt_len < 1 or r.prompt_len > seq.max_tokens:
             raise BadInput(f"request {r.rid}: prompt_len {r.prompt_len} must be 1..{seq.max_tokens} (the step budget)")
@@ -130,10 +131,6 @@ def schedule(seq: Sequence, usable_slots=None) -> list[StepBatch]:
         t += 1
         if t > 10_000:
             raise BadInput("the sequence does not finish (a request can never be scheduled)")
-    for r in seq.requests:  # undo scheduler bookkeeping so the sequence stays replayable
-        for k in ("_preempted", "_generated"):
-            if hasattr(r, k):
-                delattr(r, k)
     return steps
 
 

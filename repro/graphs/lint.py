@@ -42,13 +42,21 @@ class Lint(TorchDispatchMode):
             if isinstance(a, torch.Tensor):
                 p = a.untyped_storage().data_ptr()
                 if p not in self.declared and p not in self.created:
-                    self.problems.append(f"{func} writes argument {i}, which {self.island} does not declare as state")
+                    self.problems.append(("mutates-input",
+                                          f"{func} writes argument {i}, which {self.island} does not own or declare as state"))
         for i, old in before.items():
-            if not torch.equal(old, args[i]):
+            if not _same_bytes(old, args[i]):
                 name = func._schema.arguments[i].name
-                self.problems.append(f"{func} changes `{name}` but its schema does not declare it mutated "
-                                     f"(torch.library.opcheck reports this)")
+                self.problems.append(("undeclared-mutation", f"{func} changes `{name}` but its schema does not "
+                                      "declare it mutated (torch.library.opcheck reports this)"))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.created.add(t.untyped_storage().data_ptr())
         return out
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise (an uninitialised buffer may hold NaNs, which never compare equal)."""
+    if a.numel() == 0:
+        return True
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))

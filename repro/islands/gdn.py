@@ -15,6 +15,7 @@ import torch
 
 from ..config import ModelConfig
 from ..weights import HeadWeights, LayerWeights
+from . import hazard_ops  # noqa: F401  (registers the hazard op variants)
 from .base import Island, linear, ops
 
 

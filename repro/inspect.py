@@ -1,0 +1,114 @@
+"""`repro inspect`: what a checkpoint holds - layers and types, quant scheme per module, bytes, problems."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .checkpoint import Checkpoint, QTensor
+from .config import GDN
+from .quant import BF16, W8A8_INT8
+
+_ALWAYS_BF16 = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
+_SHORT = re.compile(r"^(linear_attn|self_attn|mlp)\.")
+
+
+def _label(key: str) -> str:
+    """Per-expert modules collapse to `experts.*.gate_proj`; block prefixes are dropped."""
+    return _SHORT.sub("", re.sub(r"experts\.\d+\.", "experts.*.", key))
+
+
+def _modules(ck: Checkpoint, specs: dict) -> tuple[dict[str, str], dict[str, int]]:
+    """Scheme per (collapsed) module label, and counts of individual modules per scheme."""
+    groups: dict[str, set[str]] = {}
+    counts = {W8A8_INT8: 0, BF16: 0}
+    for key, spec in specs.items():
+        if isinstance(spec, QTensor):
+            s = ck.quant.scheme_for(spec.module)
+        elif key in _ALWAYS_BF16:  # router linears: BF16 whatever the config says (vLLM never quantises them)
+            s = BF16
+        else:
+            continue
+        counts[s] += 1
+        groups.setdefault(_label(key.removesuffix(".weight")), set()).add(s)
+    return {k: (next(iter(v)) if len(v) == 1 else "mixed") for k, v in groups.items()}, counts
+
+
+def inspect(path: str | Path) -> dict:
+    """Describe a checkpoint (raises CheckpointError if it cannot be opened at all)."""
+    ck = Checkpoint.open(path)
+    c = ck.config
+    totals = {W8A8_INT8: 0, BF16: 0}
+    layers = []
+    for i in range(c.num_hidden_layers):
+        mods, counts = _modules(ck, ck.layer_specs(i))
+        for k, v in counts.items():
+            totals[k] += v
+        layers.append({"index": i, "type": c.layer_types[i], "layout": ck.layout(i),
+                       "bytes": ck.layer_bytes(i), "modules": mods})
+    head_specs = ck.head_specs()
+    head_mods, counts = _modules(ck, head_specs)
+    for k, v in counts.items():
+        totals[k] += v
+    head_names = [n for s in head_specs.values() for n in ((s.name,) if not isinstance(s, QTensor) else s.names())]
+    return {
+        "path": str(ck.path),
+        "model_type": c.model_type,
+        "multimodal": c.multimodal,
+        "prefix": ck.prefix,
+        "hidden_size": c.hidden_size,
+        "num_layers": c.num_hidden_layers,
+        "num_experts": c.num_experts,
+        "top_k": c.num_experts_per_tok,
+        "files": [f.name for f in ck.files],
+        "total_bytes": ck.total_bytes(),
+        "ignored_tensors": len(ck.ignored_names()),
+        "quantization": {"method": ck.quant.quant_method, "version": ck.quant.version,
+                         "description": ck.quant.describe(), "modules": totals},
+        "layers": layers,
+        "head": {"bytes": sum(ck.info(n).nbytes for n in head_names if ck.has(n)), "modules": head_mods,
+                 "tied": "lm_head" not in head_specs},
+        "problems": ck.check_all(),
+    }
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def format_inspect(d: dict) -> str:
+    """Plain-text table of `inspect`'s result."""
+    q = d["quantization"]
+    lines = [
+        f"checkpoint  {d['path']}",
+        f"model       {d['model_type']} ({'multimodal' if d['multimodal'] else 'text-only'}, prefix "
+        f"{d['prefix']}), {d['num_layers']} layers, hidden {d['hidden_size']}, {d['num_experts']} experts top-{d['top_k']}",
+        f"files       {len(d['files'])} ({_size(d['total_bytes'])} of text-model tensors; "
+        f"{d['ignored_tensors']} visual/mtp tensors ignored)",
+        f"quant       {q['description']}; modules: {q['modules'][W8A8_INT8]} W8A8 INT8, {q['modules'][BF16]} BF16",
+        "",
+    ]
+    rows = [("layer", "type", "layout", "bytes", "W8A8 INT8", "BF16")]
+    for lay in d["layers"]:
+        mods = lay["modules"]
+        layout = "/".join(v for v in (lay["layout"]["gdn"], lay["layout"]["experts"]) if v)
+        rows.append((str(lay["index"]), "GDN" if lay["type"] == GDN else "full", layout, _size(lay["bytes"]),
+                     " ".join(k for k, v in mods.items() if v == W8A8_INT8) or "-",
+                     " ".join(k for k, v in mods.items() if v != W8A8_INT8) or "-"))
+    h = d["head"]
+    rows.append(("head", "", "tied" if h["tied"] else "", _size(h["bytes"]),
+                 " ".join(k for k, v in h["modules"].items() if v == W8A8_INT8) or "-",
+                 " ".join(k for k, v in h["modules"].items() if v != W8A8_INT8) or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5])
+    lines.append("")
+    if d["problems"]:
+        lines.append(f"problems ({len(d['problems'])}):")
+        lines += [f"  - {p}" for p in d["problems"]]
+    else:
+        lines.append("problems: none")
+    return "\n".join(lines)
