@@ -99,7 +99,7 @@ def _run(a) -> int:
         print(f"{r.case.island} {r.case.mode} {','.join(r.case.hazards) or 'baseline'}: {verdict(r)}", file=sys.stderr)
     if any(r.diverged for r in results if r.case.expect == "clean") or unexpected_div:
         return 1
-    if a.hazard and any(r.diverged for r in results):
+    if a.hazard and any(r.detected for r in results):
         return 1
     return 0
 

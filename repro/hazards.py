@@ -71,6 +71,9 @@ def check(hazards, repairs, mode: str, provider_name: str, island: str = "chain"
             raise Refused(f"unknown repair {r!r} (known: {', '.join(REPAIRS)})")
         if r in ("event-wait", "sync-output-copy") and provider_name == "cpu-tape":
             raise Refused(f"repair {r} needs streams: the CPU tape has none")
+        if r.startswith("eager-family=") and r != "eager-family=comm" and mode == "full":
+            raise Refused(f"repair {r}: --mode full captures the decode chain as one graph, so no family "
+                          "can run eagerly inside it (use --mode piecewise)")
 
 
 def cleared_by(hazard: str) -> tuple[str, ...]:

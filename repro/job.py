@@ -71,8 +71,7 @@ def plan(island: str, mode: str | None, hazards, repairs, provider_name: str) ->
         for m in isl_modes:
             if hazards or repairs:
                 hz.check(hazards, repairs, m, provider_name, "chain" if isl != "moe" else "moe")
-                cases.append(Case(isl, m, tuple(hazards), tuple(repairs),
-                                  "clean" if not hazards or _repaired(hazards, repairs) else "diverged"))
+                cases.append(Case(isl, m, tuple(hazards), tuple(repairs), _expect(hazards, repairs)))
             else:
                 cases.append(Case(isl, m))
     if hazards or repairs or island not in ("all", None, "chain"):
@@ -87,8 +86,11 @@ def plan(island: str, mode: str | None, hazards, repairs, provider_name: str) ->
     return cases
 
 
-def _repaired(hazards, repairs) -> bool:
-    return all(any(r in repairs for r in hz.HAZARDS[h].repairs) for h in hazards)
+def _expect(hazards, repairs) -> str:
+    live = [h for h in hazards if not any(r in repairs for r in hz.HAZARDS[h].repairs)]
+    if not live:
+        return "clean"
+    return "finding" if all(hz.HAZARDS[h].detected_as == "finding" for h in live) else "diverged"
 
 
 def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 0, sizes=DEFAULT_SIZES,

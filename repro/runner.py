@@ -109,7 +109,8 @@ class _Captured:
     size: int
     graphs: list = field(default_factory=list)
     outs: list = field(default_factory=list)  # per piece: dict of outputs (maybe weak aliases)
-    ins1: dict | None = None  # submod1's static inputs when they are runner-owned copies
+    ins1: dict | None = None  # submod1's static inputs when submod0 runs eagerly
+    owned0: dict | None = None  # clone-outputs: runner-owned copies of graph 0's outputs
     watched: dict = field(default_factory=dict)  # python attributes at capture
     frozen: dict = field(default_factory=dict)  # forward-context values read during capture
     step: int = 0
@@ -219,8 +220,14 @@ class GraphRunner:
                 cap.outs.append(o0)
                 if o0 is None:
                     o0 = c.submod0(input_ids=ids)
+                if "clone-outputs" in self.repairs and g0 is not None:
+                    # Runner-owned copies of graph 0's outputs, outside the pool, filled after each
+                    # replay: whoever holds graph 0's outputs holds these, not pool memory.
+                    cap.owned0 = {k: v.clone() for k, v in o0.items() if k != "core_out"}
                 ins = {k: o0[k] for k in ("core_out", "z", "residual")}
-                if "clone-outputs" in self.repairs or g0 is None:
+                if g0 is None or "clone-outputs" in self.repairs:
+                    # graph 1 reads runner-owned buffers, filled each step (out of the pool, and
+                    # apart from what holders of graph 0's outputs see)
                     ins = {k: v.clone() for k, v in ins.items()}
                     cap.ins1 = ins
                 pool1 = self.provider.new_pool("private") if "private-pool" in self.repairs else self.pool
@@ -307,6 +314,11 @@ class GraphRunner:
                 o1 = {k: o[k] for k in Submod1.outputs}
             else:
                 o0 = self._run_piece(cap, 0, lambda: c.submod0(input_ids=self.input_ids[:size]))
+                held = o0
+                if cap.owned0 is not None:
+                    for k, v in cap.owned0.items():
+                        v.copy_(o0[k])
+                    held = {**o0, **cap.owned0}
                 meta = batch.meta(c.device)
                 core = lambda: c.gdn_core(qkv=o0["qkv"][:n], b=o0["b"][:n], a=o0["a"][:n],  # noqa: E731
                                           core_out=o0["core_out"][:n], meta=meta)
@@ -325,9 +337,11 @@ class GraphRunner:
                         if ins[k].data_ptr() != o0[k].data_ptr():
                             ins[k].copy_(o0[k])
                 o1 = self._run_piece(cap, 1, lambda: c.submod1(core_out=fresh, z=o0["z"][:n], residual=o0["residual"][:n]))
+                if cap.owned0 is not None:
+                    fresh = ins["core_out"][:n]  # the holder's copy, out of the pool
             o1 = self._consume(o1)
             ids = c.head(hidden=o1["hidden"][:n])["token_ids"]
-        return _collect(o0, o1, ids, n, None if self.mode == "full" else fresh)
+        return _collect(o0 if self.mode == "full" else held, o1, ids, n, None if self.mode == "full" else fresh)
 
     def _note_frozen(self, size, changed):
         for k, (was, now) in changed.items():

@@ -60,6 +60,18 @@ def _mutates(func) -> bool:
     return bool(schema) and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
+def _is_collective(func) -> bool:
+    """`c10d::` collectives (`dist.all_reduce` dispatches `c10d.allreduce_`) write their tensor list in
+    place without declaring it, and return a Work that the caller waits on outside dispatch."""
+    return getattr(func, "namespace", None) == "c10d"
+
+
+def _wait_works(result) -> None:
+    for w in tree_flatten(result)[0]:
+        if not isinstance(w, torch.Tensor) and hasattr(w, "wait"):
+            w.wait()
+
+
 @dataclass
 class _Op:
     func: object
@@ -67,6 +79,7 @@ class _Op:
     kwargs: dict
     fresh: list[tuple[int, torch.Tensor]]  # (index in flattened result, recorded output tensor)
     mutates: bool
+    collective: bool = False
 
 
 class TapeGraph:
@@ -83,6 +96,8 @@ class TapeGraph:
                 if not op.fresh and not op.mutates:
                     continue  # a view: it already aliases the right bytes
                 result = op.func(*op.args, **op.kwargs)
+                if op.collective:
+                    _wait_works(result)  # replay completes the collective before the next op reads it
                 if op.fresh:
                     flat, _ = tree_flatten(result)
                     for i, target in op.fresh:
@@ -125,7 +140,8 @@ class _Recorder(TorchDispatchMode):
             fresh.append((i, pooled))
         if fresh_ok:
             fresh = []  # allocation only: replay has nothing to write
-        self.graph.ops.append(_Op(func, args, kwargs, fresh, _mutates(func)))
+        coll = _is_collective(func)
+        self.graph.ops.append(_Op(func, args, kwargs, fresh, _mutates(func) or coll, coll))
         return tree_unflatten(flat, spec)
 
 

@@ -1,0 +1,72 @@
+"""GDN (gated delta net) ops: `repro::gdn_gating`, `repro::gated_delta_rule_decode`,
+`repro::gated_delta_rule_prefill`.
+
+Per value head h (key head h // (Hv // Hk)), fp32:
+    q = q * rsqrt(sum q^2 + 1e-6) * dk^-0.5,   k = k * rsqrt(sum k^2 + 1e-6)
+    S = S * exp(g);  delta = beta * (v - k @ S);  S = S + outer(k, delta);  o = q @ S
+`ssm_state` [S, Hv, dk, dv] fp32, one row per sequence; addressing, sentinel and duplicate rules in
+`kernels/_state.py`. Outputs in v's dtype, zero for sentinel rows / tokens outside every request.
+
+Providers: gating `reference`; decode `reference` (row loop), `torch` (batched), `fla`;
+prefill `reference` (chunked WY form), `fla`. `naive.py` is an independent token-by-token
+recurrence used by the tests.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import registry
+from kernels.gdn import fla, reference, vectorized  # noqa: F401  (register providers)
+from kernels.gdn.common import check_gdn
+
+__all__ = ["gdn_gating", "gated_delta_rule_decode", "gated_delta_rule_prefill"]
+
+
+@torch.library.custom_op("repro::gdn_gating", mutates_args=())
+def gdn_gating(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor,
+               b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A_log, dt_bias [Hv]; a, b [T, Hv] -> g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); fp32."""
+    if a.shape != b.shape or a.shape[-1] != A_log.numel() or dt_bias.numel() != A_log.numel():
+        raise ValueError(f"gdn_gating: A_log {tuple(A_log.shape)}, a {tuple(a.shape)}, "
+                         f"dt_bias {tuple(dt_bias.shape)}, b {tuple(b.shape)}")
+    g, beta = registry.impl("gdn_gating")(A_log, a, dt_bias, b)
+    return g.contiguous(), beta.contiguous()
+
+
+@gdn_gating.register_fake
+def _(A_log, a, dt_bias, b):
+    return (torch.empty(a.shape, dtype=torch.float32, device=a.device),
+            torch.empty(a.shape, dtype=torch.float32, device=a.device))
+
+
+@torch.library.custom_op("repro::gated_delta_rule_decode", mutates_args=("ssm_state",))
+def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                            beta: torch.Tensor, ssm_state: torch.Tensor, state_indices: torch.Tensor,
+                            sentinel: int) -> torch.Tensor:
+    """One step for B rows: q, k [B, Hk, dk], v [B, Hv, dv], g, beta [B, Hv] -> o [B, Hv, dv].
+    Graph-safe (no host sync)."""
+    check_gdn(q, k, v, g, beta, ssm_state)
+    return registry.impl("gated_delta_rule_decode")(q, k, v, g, beta, ssm_state, state_indices, sentinel)
+
+
+@gated_delta_rule_decode.register_fake
+def _(q, k, v, g, beta, ssm_state, state_indices, sentinel):
+    return torch.empty(v.shape, dtype=v.dtype, device=v.device)
+
+
+@torch.library.custom_op("repro::gated_delta_rule_prefill", mutates_args=("ssm_state",))
+def gated_delta_rule_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                             beta: torch.Tensor, ssm_state: torch.Tensor, query_start_loc: torch.Tensor,
+                             state_indices: torch.Tensor, has_initial_state: torch.Tensor,
+                             sentinel: int) -> torch.Tensor:
+    """Varlen prefill: q, k [T, Hk, dk], v [T, Hv, dv], g, beta [T, Hv]; request b owns tokens
+    query_start_loc[b]:query_start_loc[b+1], starts from ssm_state[state_indices[b]] where
+    has_initial_state[b] (else zeros) and writes its final state back. Syncs with the host."""
+    check_gdn(q, k, v, g, beta, ssm_state)
+    return registry.impl("gated_delta_rule_prefill")(q, k, v, g, beta, ssm_state, query_start_loc,
+                                                     state_indices, has_initial_state, sentinel)
+
+
+@gated_delta_rule_prefill.register_fake
+def _(q, k, v, g, beta, ssm_state, query_start_loc, state_indices, has_initial_state, sentinel):
+    return torch.empty(v.shape, dtype=v.dtype, device=v.device)

@@ -1,0 +1,52 @@
+"""Reference MoE: top-k by repeated argmax, every expert run densely over all rows and masked.
+
+Never syncs with the host (graph-safe), but costs E x the routed work: for tests and small E.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import registry
+from kernels.moe.common import (combine, dense_linear, finish, renormalized, router_probs,
+                                shared_expert, silu_and_mul)
+from kernels.w8a8_linear.reference import int8_matmul_exact
+
+
+def topk_lowest_index(probs: torch.Tensor, k: int):
+    """k rounds of argmax (which returns the first maximum): ties go to the lowest index."""
+    remaining = probs.clone()
+    values, ids = [], []
+    for _ in range(k):
+        i = remaining.argmax(dim=-1, keepdim=True)
+        values.append(probs.gather(-1, i))
+        ids.append(i)
+        remaining = remaining.scatter(-1, i, float("-inf"))
+    return torch.cat(values, dim=-1), torch.cat(ids, dim=-1)
+
+
+def moe_reference(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
+                  shared_w2, shared_w2_scale, shared_gate_w, top_k, renormalize):
+    T, H = x.shape
+    E, I2, _ = w13.shape
+    weights, ids = topk_lowest_index(router_probs(x, router_w), top_k)
+    weights = renormalized(weights, renormalize)
+
+    def scale(s, e):
+        return None if s is None else s[e]
+
+    h = x.new_zeros(T, top_k, I2)
+    for e in range(E):
+        h_e = dense_linear(x, w13[e], scale(w13_scale, e), int8_matmul_exact)
+        h = torch.where((ids == e)[..., None], h_e[:, None, :], h)
+    act = silu_and_mul(h.reshape(T * top_k, I2))
+    pair_expert = ids.reshape(-1)
+    y = x.new_zeros(T * top_k, H)
+    for e in range(E):
+        y_e = dense_linear(act, w2[e], scale(w2_scale, e), int8_matmul_exact)
+        y = torch.where((pair_expert == e)[:, None], y_e, y)
+    routed = combine(weights, y.view(T, top_k, H))
+    shared = shared_expert(x, shared_w13, shared_w13_scale, shared_w2, shared_w2_scale, int8_matmul_exact)
+    return finish(x, routed, shared, shared_gate_w)
+
+
+registry.register("moe", "reference", moe_reference, group="moe")

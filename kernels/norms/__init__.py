@@ -1,0 +1,39 @@
+"""`repro::rms_norm` (Gemma, `(1 + w)`) and `repro::rms_norm_gated` (plain `w`, times silu(z)).
+
+Both compute in fp32 and cast once at the end; `eps` is the caller's (`rms_norm_eps`, 1e-6
+for this model). Providers: `reference`; `vllm_xpu` for rms_norm (`_C.gemma_rms_norm`).
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import registry
+from kernels.norms import reference  # noqa: F401  (register providers)
+
+__all__ = ["rms_norm", "rms_norm_gated"]
+
+
+@torch.library.custom_op("repro::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., H], w [H] -> x * rsqrt(mean(x^2) + eps) * (1 + w), in x's dtype."""
+    if w.numel() != x.shape[-1]:
+        raise ValueError(f"rms_norm: weight has {w.numel()} elements, x's last dim is {x.shape[-1]}")
+    return registry.impl("rms_norm")(x, w, eps).contiguous()
+
+
+@rms_norm.register_fake
+def _(x, w, eps):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("repro::rms_norm_gated", mutates_args=())
+def rms_norm_gated(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, Hv, dv] (any float), z [T, Hv, dv], w [dv] -> w * rmsnorm(x) * silu(z), in z's dtype."""
+    if x.shape != z.shape or w.numel() != x.shape[-1]:
+        raise ValueError(f"rms_norm_gated: x {tuple(x.shape)}, z {tuple(z.shape)}, w {tuple(w.shape)}")
+    return registry.impl("rms_norm_gated")(x, z, w, eps).contiguous()
+
+
+@rms_norm_gated.register_fake
+def _(x, z, w, eps):
+    return torch.empty(x.shape, dtype=z.dtype, device=x.device)

@@ -1,0 +1,25 @@
+"""Reference norms, fp32 compute, one cast at the end."""
+from __future__ import annotations
+
+import torch
+
+from kernels import registry
+from kernels._math import silu
+
+
+def rms_norm_reference(x, w, eps):
+    """Gemma style: x * rsqrt(mean(x^2) + eps) * (1 + w)."""
+    xf = x.float()
+    normed = xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps)
+    return (normed * (1.0 + w.float())).to(x.dtype)
+
+
+def rms_norm_gated_reference(x, z, w, eps):
+    """Per value head: (w * rmsnorm(x)) * silu(z), plain weight."""
+    xf = x.float()
+    normed = xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps)
+    return (w.float() * normed * silu(z.float())).to(z.dtype)
+
+
+registry.register("rms_norm", "reference", rms_norm_reference, group="norms")
+registry.register("rms_norm_gated", "reference", rms_norm_gated_reference, group="norms")

@@ -1,0 +1,214 @@
+"""Which implementation ("provider") runs behind each `repro::` op: the one piece of global state.
+
+Every op in `kernels` is a `torch.library.custom_op` whose body asks this registry, at call
+time, for the function of the provider selected for it. Providers:
+
+- `reference`: plain, obviously-correct torch; always available.
+- `torch`: fast plain-torch paths (vectorised, `torch._int_mm`); always available on CPU/CUDA.
+- `fla`: flash-linear-attention kernels, GDN ops only; needs `fla` and a CUDA/XPU device.
+- `vllm_xpu`: vllm-xpu-kernels ops; needs those extensions and an XPU device.
+
+Default for an op: `torch` where it is registered, else `reference`. A selection never falls
+back silently: an unknown op or provider, or a provider that is absent here, raises
+`KernelSelectionError` (a `BadInput`, CLI exit 2) naming it.
+
+A selection made while a graph is captured is frozen into that graph (the body runs at
+capture time); select before capturing.
+
+    registry.select("w8a8_linear", "reference")
+    registry.configure("w8a8_linear=torch,gdn=reference")     # also env REPRO_KERNELS
+    with registry.using(moe="reference"):
+        ...
+
+A name on the left of `=` may be an op or a group (`w8a8`, `norms`, `conv1d`, `gdn`, `moe`,
+or `all`); a group selects the provider for each of its ops that registers it, and it is an
+error if none does.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from repro.errors import BadInput
+
+ENV_VAR = "REPRO_KERNELS"
+PREFERENCE = ("torch", "reference")  # default selection order
+ALL = ("all", "*")
+
+
+class KernelSelectionError(BadInput):
+    """An unknown op or provider, or a provider that is absent on this machine."""
+
+
+Availability = Callable[[], "tuple[bool, str]"]
+
+
+def always() -> tuple[bool, str]:
+    return True, "always available"
+
+
+@dataclass(frozen=True)
+class _Provider:
+    fn: Callable
+    available: Availability
+
+
+_providers: dict[str, dict[str, _Provider]] = {}
+_groups: dict[str, list[str]] = {}
+_selected: dict[str, str] = {}
+
+
+def register(op: str, provider: str, fn: Callable, available: Availability | None = None,
+             *, group: str | None = None) -> None:
+    """Add `fn` as `provider` for `op`; `available()` -> (bool, reason) is asked when needed."""
+    table = _providers.setdefault(op, {})
+    if provider in table:
+        raise ValueError(f"provider {provider!r} registered twice for op {op!r}")
+    table[provider] = _Provider(fn, available or always)
+    if group is not None and op not in _groups.setdefault(group, []):
+        _groups[group].append(op)
+
+
+def ops() -> list[str]:
+    return sorted(_providers)
+
+
+def groups() -> dict[str, list[str]]:
+    return {g: list(members) for g, members in _groups.items()}
+
+
+def _table(op: str) -> dict[str, _Provider]:
+    if op not in _providers:
+        raise KernelSelectionError(f"unknown kernel op {op!r}; known ops: {', '.join(ops())}")
+    return _providers[op]
+
+
+def providers(op: str) -> dict[str, tuple[bool, str]]:
+    """Provider name -> (available, reason) for `op`."""
+    return {name: _availability(p) for name, p in _table(op).items()}
+
+
+def _availability(p: _Provider) -> tuple[bool, str]:
+    ok, reason = p.available()
+    return bool(ok), str(reason)
+
+
+def _check(op: str, provider: str) -> None:
+    table = _table(op)
+    if provider not in table:
+        raise KernelSelectionError(
+            f"unknown provider {provider!r} for kernel op {op!r}; registered: {', '.join(table)}")
+    ok, reason = _availability(table[provider])
+    if not ok:
+        raise KernelSelectionError(f"provider {provider!r} for kernel op {op!r} is absent here: {reason}")
+
+
+def _targets(name: str, provider: str) -> list[str]:
+    """The ops that `name=provider` selects (an op, a group, or all)."""
+    if name in _providers:
+        return [name]
+    if name in _groups or name in ALL:
+        members = _groups[name] if name in _groups else ops()
+        chosen = [op for op in members if provider in _providers[op]]
+        if not chosen:
+            raise KernelSelectionError(
+                f"no op in {name!r} ({', '.join(members)}) has a provider {provider!r}")
+        return chosen
+    raise KernelSelectionError(
+        f"unknown kernel op or group {name!r}; ops: {', '.join(ops())}; "
+        f"groups: {', '.join(sorted(_groups))}, all")
+
+
+def _resolve(selections: dict[str, str]) -> dict[str, str]:
+    """Validate every `name=provider` and expand groups, before anything is changed."""
+    out: dict[str, str] = {}
+    for name, provider in selections.items():
+        for op in _targets(name, provider):
+            _check(op, provider)
+            out[op] = provider
+    return out
+
+
+def select(op: str, provider: str) -> None:
+    """Select `provider` for `op` (or for every op of a group that has it)."""
+    _selected.update(_resolve({op: provider}))
+
+
+def selected(op: str) -> str:
+    """The provider that runs `op` now."""
+    table = _table(op)
+    if op in _selected:
+        return _selected[op]
+    for name in PREFERENCE:
+        if name in table and _availability(table[name])[0]:
+            return name
+    raise KernelSelectionError(f"kernel op {op!r} has no available default provider")
+
+
+def impl(op: str) -> Callable:
+    """The function of the selected provider (what op bodies call)."""
+    return _providers[op][selected(op)].fn
+
+
+def parse(spec: str) -> dict[str, str]:
+    """`"w8a8_linear=torch, gdn=reference"` -> {"w8a8_linear": "torch", "gdn": "reference"}."""
+    out: dict[str, str] = {}
+    for item in spec.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, provider = item.partition("=")
+        if not sep or not name.strip() or not provider.strip():
+            raise KernelSelectionError(f"bad kernel selection {item!r}: expected OP=PROVIDER")
+        out[name.strip()] = provider.strip()
+    return out
+
+
+def configure(spec: str) -> dict[str, str]:
+    """Apply a selection string; all-or-nothing. Returns the resulting op -> provider map."""
+    resolved = _resolve(parse(spec))
+    _selected.update(resolved)
+    return resolved
+
+
+def configure_from_env(environ: dict | None = None) -> dict[str, str]:
+    """Apply `$REPRO_KERNELS` (called once when `kernels` is imported)."""
+    spec = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    try:
+        return configure(spec)
+    except KernelSelectionError as e:
+        raise KernelSelectionError(f"${ENV_VAR}={spec!r}: {e}") from None
+
+
+def reset() -> None:
+    """Forget explicit selections (back to defaults)."""
+    _selected.clear()
+
+
+@contextmanager
+def using(**selections: str) -> Iterator[dict[str, str]]:
+    """Temporarily select providers: `with using(moe="reference", gdn="torch"): ...`."""
+    resolved = _resolve(selections)
+    saved = {op: _selected.get(op) for op in resolved}
+    _selected.update(resolved)
+    try:
+        yield resolved
+    finally:
+        for op, prev in saved.items():
+            if prev is None:
+                _selected.pop(op, None)
+            else:
+                _selected[op] = prev
+
+
+def describe() -> dict[str, dict]:
+    """op -> {"selected": name, "providers": {name: {"available": bool, "reason": str}}}."""
+    out = {}
+    for op in ops():
+        out[op] = {
+            "selected": selected(op),
+            "providers": {n: {"available": a, "reason": r} for n, (a, r) in providers(op).items()},
+        }
+    return out

@@ -1,0 +1,136 @@
+"""Small, deterministic sample arguments for every op (opcheck, graph-capture checks, benches).
+
+`sample_args(op, device=..., seed=..., **dims)` returns the positional arguments of
+`torch.ops.repro.<op>`. Dims default to tiny shapes with the model's structure (GQA-style
+Hk < Hv, conv K = 4, a padded row carrying the sentinel, experts W8A8).
+"""
+from __future__ import annotations
+
+import torch
+
+DEFAULTS = dict(T=6, B=4, H=64, K=64, N=24, C=32, conv_k=4, Hk=2, Hv=4, dk=16, dv=16, S=6,
+                E=8, I=32, Is=32, top_k=2, sentinel=-1, quantized=True)
+
+
+def _g(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def rand(shape, gen, dtype=torch.bfloat16, device="cpu", scale=1.0):
+    return (torch.randn(shape, generator=gen) * scale).to(dtype).to(device)
+
+
+def int8(shape, gen, device="cpu"):
+    return torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8).to(device)
+
+
+def state_indices(B, S, sentinel, device="cpu"):
+    """Distinct live slots (never the sentinel's slot 0 when sentinel is 0), last row padding."""
+    first = 1 if sentinel == 0 else 0
+    idx = [first + (i * 3) % (S - first) for i in range(B)]
+    idx[-1] = sentinel
+    return torch.tensor(idx, dtype=torch.int32, device=device)
+
+
+def sample_args(op: str, device="cpu", seed=0, **dims):
+    d = {**DEFAULTS, **dims}
+    g = _g(seed)
+    dev = dict(device=device)
+    if op == "w8a8_linear":
+        return (rand((d["T"], d["K"]), g, **dev), int8((d["N"], d["K"]), g, device),
+                (torch.rand(d["N"], generator=g) / 64 + 1e-3).to(device), rand((d["N"],), g, **dev))
+    if op == "rms_norm":
+        return rand((d["T"], d["H"]), g, **dev), rand((d["H"],), g, **dev, scale=0.1), 1e-6
+    if op == "rms_norm_gated":
+        shape = (d["T"], d["Hv"], d["dv"])
+        return (rand(shape, g, torch.float32, **dev), rand(shape, g, **dev),
+                rand((d["dv"],), g, **dev, scale=0.1) + 1, 1e-6)
+    if op in ("causal_conv1d_fn", "causal_conv1d_update"):
+        C, Kc, S, B = d["C"], d["conv_k"], d["S"], d["B"]
+        weight = rand((C, Kc), g, **dev, scale=0.5)
+        conv_state = rand((S, C, Kc - 1), g, **dev)
+        idx = state_indices(B, S, d["sentinel"], device)
+        if op == "causal_conv1d_update":
+            return rand((B, C), g, **dev), weight, conv_state, idx, d["sentinel"]
+        lengths = [(i % 3) + 1 for i in range(B)]                          # 1, 2, 3, 1, ...
+        qsl = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+        T = int(qsl[-1])
+        has = torch.tensor([i % 2 == 0 for i in range(B)], device=device)
+        return rand((T, C), g, **dev), weight, conv_state, qsl, idx, has, d["sentinel"]
+    if op == "gdn_gating":
+        Hv, T = d["Hv"], d["T"]
+        return (rand((Hv,), g, **dev), rand((T, Hv), g, **dev), rand((Hv,), g, **dev), rand((T, Hv), g, **dev))
+    if op in ("gated_delta_rule_decode", "gated_delta_rule_prefill"):
+        Hk, Hv, dk, dv, S, B = d["Hk"], d["Hv"], d["dk"], d["dv"], d["S"], d["B"]
+        ssm_state = rand((S, Hv, dk, dv), g, torch.float32, **dev, scale=0.1)
+        idx = state_indices(B, S, d["sentinel"], device)
+        if op == "gated_delta_rule_decode":
+            T = B
+        else:
+            lengths = [(i % 3) * 3 + 2 for i in range(B)]
+            qsl = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).to(device)
+            T = int(qsl[-1])
+        q, k = rand((T, Hk, dk), g, **dev), rand((T, Hk, dk), g, **dev)
+        v = rand((T, Hv, dv), g, **dev)
+        gate = -torch.rand(T, Hv, generator=g).to(device)
+        beta = torch.rand(T, Hv, generator=g).to(device)
+        if op == "gated_delta_rule_decode":
+            return q, k, v, gate, beta, ssm_state, idx, d["sentinel"]
+        has = torch.tensor([i % 2 == 1 for i in range(B)], device=device)
+        return q, k, v, gate, beta, ssm_state, qsl, idx, has, d["sentinel"]
+    if op == "moe":
+        return moe_args(g, device=device, **{k: d[k] for k in ("T", "H", "E", "I", "Is", "top_k", "quantized")})
+    raise ValueError(f"no sample for op {op!r}")
+
+
+def moe_args(g, *, T, H, E, I, Is, top_k, quantized, device="cpu", renormalize=True):
+    dev = dict(device=device)
+
+    def weight(shape):
+        if quantized:
+            return int8(shape, g, device), (torch.rand(shape[:-1], generator=g) / 256 + 1e-4).to(device)
+        return rand(shape, g, **dev, scale=shape[-1] ** -0.5), None
+
+    w13, s13 = weight((E, 2 * I, H))
+    w2, s2 = weight((E, H, I))
+    sw13, ss13 = weight((2 * Is, H))
+    sw2, ss2 = weight((H, Is))
+    return (rand((T, H), g, **dev), rand((E, H), g, **dev, scale=0.2), w13, s13, w2, s2, sw13, ss13,
+            sw2, ss2, rand((1, H), g, **dev, scale=0.2), top_k, renormalize)
+
+
+def draw_layout(draw, *, max_batch=5, max_len=6, max_slots=6, duplicates=True, pad_tokens=True):
+    """Draw a batch composition with Hypothesis' `draw` (e.g. `data.draw`).
+
+    Returns dict: sentinel (-1 or 0), S (cache rows), indices (per request; sentinel = padding),
+    lengths (tokens per request, 0 allowed), has_initial (per request), pad (tokens after the
+    last request). Live indices are distinct unless `duplicates` draws a stale repeat.
+    """
+    from hypothesis import strategies as st
+
+    sentinel = draw(st.sampled_from([-1, 0]))
+    S = draw(st.integers(2, max_slots))
+    live = list(range(1 if sentinel == 0 else 0, S))
+    B = draw(st.integers(1, max_batch))
+    order = draw(st.permutations(live))
+    indices = []
+    for b in range(B):
+        kind = draw(st.sampled_from(["live", "live", "sentinel"] + (["repeat"] if duplicates else [])))
+        if kind == "sentinel" or (kind == "live" and b >= len(order)):
+            indices.append(sentinel)
+        elif kind == "repeat":
+            indices.append(draw(st.sampled_from(live)))
+        else:
+            indices.append(order[b])
+    return dict(sentinel=sentinel, S=S, indices=indices,
+                lengths=[draw(st.integers(0, max_len)) for _ in range(B)],
+                has_initial=[draw(st.booleans()) for _ in range(B)],
+                pad=draw(st.integers(0, 2)) if pad_tokens else 0)
+
+
+def layout_tensors(layout, device="cpu"):
+    """(query_start_loc int32 [B+1], state_indices int32 [B], has_initial_state bool [B], T)."""
+    qsl = torch.tensor([0] + layout["lengths"]).cumsum(0).to(torch.int32)
+    T = int(qsl[-1]) + layout["pad"]
+    return (qsl.to(device), torch.tensor(layout["indices"], dtype=torch.int32, device=device),
+            torch.tensor(layout["has_initial"], dtype=torch.bool, device=device), T)

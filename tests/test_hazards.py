@@ -1,0 +1,107 @@
+"""Replay == eager at baseline; every planted hazard is detected where it applies and its repair
+clears it; the microscope names the right island and slot."""
+import pytest
+
+from repro import hazards as hz
+from repro.errors import Refused
+from repro.graphs import make_provider
+from repro.islands import Model
+from repro.job import Case, default_sequence, run_case
+
+SEQ = default_sequence(seed=0, steps=60)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_path, device):
+    provider = make_provider(device)
+    return Model(tiny_path, provider.device), provider
+
+
+def applicable(provider_name):
+    for name, h in hz.HAZARDS.items():
+        if "chain" not in h.islands or (h.device_only and provider_name == "cpu-tape"):
+            continue
+        for mode in h.modes:
+            yield name, mode
+
+
+@pytest.mark.submod0
+@pytest.mark.gdn_core
+@pytest.mark.submod1
+@pytest.mark.parametrize("island, mode", [("chain", "piecewise"), ("chain", "full"), ("submod0", "piecewise"),
+                                          ("submod1", "piecewise"), ("gdn_core", "full")])
+def test_baseline_replay_equals_eager_bit_exactly(setup, island, mode):
+    model, provider = setup
+    r = run_case(model, provider, Case(island, mode), SEQ)
+    assert not r.diverged, r.first_divergence
+    assert r.steps == len(SEQ.batches()) > 40
+    assert not [f for f in r.findings if f["kind"] == "undeclared-mutation"]
+
+
+@pytest.mark.moe
+def test_moe_island_baseline(setup):
+    model, provider = setup
+    r = run_case(model, provider, Case("moe", "piecewise"), SEQ)
+    assert not r.diverged, r.first_divergence
+
+
+@pytest.mark.parametrize("hazard, mode", sorted(applicable("cpu-tape")))
+def test_planted_hazard_is_detected_and_its_repair_clears_it(setup, hazard, mode, hazard_filter):
+    if hazard_filter and hazard not in hazard_filter:
+        pytest.skip(f"--hazard selects {hazard_filter}")
+    model, provider = setup
+    h = hz.HAZARDS[hazard]
+    bad = run_case(model, provider, Case("chain", mode, (hazard,)), SEQ)
+    if h.detected_as == "finding":
+        assert any(f["kind"] == "undeclared-mutation" for f in bad.findings), bad.findings
+    else:
+        assert bad.diverged and bad.first_divergence["step"] < 200
+    for repair in h.repairs:
+        try:
+            hz.check([hazard], [repair], mode, provider.name)
+        except Refused:
+            continue  # e.g. eager-family=... in full mode
+        good = run_case(model, provider, Case("chain", mode, (hazard,), (repair,)), SEQ)
+        assert not good.detected, (repair, good.first_divergence, good.findings)
+
+
+@pytest.mark.parametrize("hazard, mode, island, tensor", [
+    ("stale-pad", "full", "gdn_core", None),
+    ("pad-sentinel-mismatch", "full", "gdn_core", None),
+    ("output-alias", "piecewise", "submod0", "residual"),
+    ("fresh-alloc-split-op", "piecewise", "submod1", None),
+    ("escaped-capture", "piecewise", "submod0", "z"),
+])
+def test_microscope_names_island_tensor_and_slot(setup, hazard, mode, island, tensor):
+    model, provider = setup
+    r = run_case(model, provider, Case("chain", mode, (hazard,)), SEQ)
+    fd = r.first_divergence
+    assert fd["island"] == island
+    if tensor:
+        assert fd["tensor"] == tensor
+    ctx = fd["context"]["this_step"]
+    assert fd["slot"] in ctx["slots"] + ctx.get("pad_state_indices", [])
+    if hazard == "stale-pad":
+        # the corrupted slot is the one a padded row still pointed at
+        assert fd["slot"] in ctx["pad_state_indices"]
+        assert fd["tensor"] in ("conv_state", "ssm_state")
+    if hazard == "pad-sentinel-mismatch":
+        assert fd["slot"] == 0 and set(ctx["pad_state_indices"]) == {0}
+
+
+def test_knobs_that_cannot_apply_are_refused():
+    with pytest.raises(Refused, match="streams"):
+        hz.check(["async-output-copy"], [], "piecewise", "cpu-tape")
+    with pytest.raises(Refused, match="full"):
+        hz.check(["stale-pad"], [], "piecewise", "cpu-tape")
+    with pytest.raises(Refused, match="unknown hazard"):
+        hz.check(["no-such"], [], "piecewise", "cpu-tape")
+    with pytest.raises(Refused, match="unknown repair"):
+        hz.check([], ["no-such"], "piecewise", "cpu-tape")
+
+
+def test_findings_report_frozen_python_state(setup):
+    model, provider = setup
+    r = run_case(model, provider, Case("chain", "piecewise", ("frozen-python-state",), ("recapture",)), SEQ)
+    assert not r.diverged
+    assert any(f["kind"] == "python-state" and "num_actual_tokens" in f["detail"] for f in r.findings)
