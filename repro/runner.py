@@ -136,6 +136,7 @@ class GraphRunner:
         self.eager_family = {r.split("=", 1)[1] for r in self.repairs if r.startswith("eager-family=")}
         self._host = None
         self._noted: set = set()
+        self._side = None  # side stream of the side-stream-no-wait hazard
         self._core_linted: set = set()  # splitting-op call kinds (decode?, prefill?) linted once
         for isl in copy.islands():
             isl.escape = provider.escape
@@ -307,8 +308,7 @@ class GraphRunner:
         n = batch.num_tokens
         with torch.inference_mode():
             if self.mode == "full":
-                cap.graphs[0].replay()
-                self.replays += 1
+                self._replay(cap.graphs[0])
                 o = cap.outs[0]
                 o0 = {k: o[k] for k in Submod0.outputs}
                 o1 = {k: o[k] for k in Submod1.outputs}
@@ -353,9 +353,28 @@ class GraphRunner:
         g = cap.graphs[i]
         if g is None:
             return eager()
-        g.replay()
-        self.replays += 1
+        self._replay(g)
         return cap.outs[i]
+
+    def _replay(self, g):
+        self.replays += 1
+        if "side-stream-no-wait" not in self.hazards:
+            g.replay()
+            return
+        p = self.provider
+        main = p.current_stream()
+        if self._side is None:
+            self._side = p.new_stream()
+        self._side.wait_stream(main)  # inputs were written on the main stream
+        with p.stream(self._side):
+            if p.device.type == "cuda":
+                # a long kernel already queued on the side stream makes the race deterministic
+                torch.cuda._sleep(20_000_000)
+            g.replay()
+        if "event-wait" in self.repairs:
+            ev = p.new_event()
+            ev.record(self._side)
+            main.wait_event(ev)
 
     def _consume(self, out):
         """How the host reads the last piece's outputs (stream hazards live here)."""

@@ -105,3 +105,16 @@ def test_findings_report_frozen_python_state(setup):
     r = run_case(model, provider, Case("chain", "piecewise", ("frozen-python-state",), ("recapture",)), SEQ)
     assert not r.diverged
     assert any(f["kind"] == "python-state" and "num_actual_tokens" in f["detail"] for f in r.findings)
+
+
+@pytest.mark.parametrize("hazard, repair", [("side-stream-no-wait", "event-wait"),
+                                            ("async-output-copy", "sync-output-copy")])
+def test_stream_hazards_on_a_device(setup, hazard, repair):
+    model, provider = setup
+    if not provider.supports_streams:
+        pytest.skip("needs a GPU with streams (run with --device cuda or xpu); the CPU tape has none")
+    seq = default_sequence(seed=1, steps=30)
+    bad = run_case(model, provider, Case("chain", "piecewise", (hazard,)), seq)
+    assert bad.diverged
+    good = run_case(model, provider, Case("chain", "piecewise", (hazard,), (repair,)), seq)
+    assert not good.detected, good.first_divergence

@@ -1,0 +1,367 @@
+"""`forced_comm`: a tensor-parallel slice whose all-reduce sits inside the captured graph (or not).
+
+One rank's slice, fed real token rows like the other islands:
+
+    x    = post_attention_layernorm(embed[input_ids])       replicated on every rank, [T, H]
+    gu   = gate_up_r(x)            column-parallel W8A8 shared-expert gate_up, rows [gate_r; up_r]
+    h    = silu(gate) * up         SiLU-and-mul (fp32 inside, one rounding to bf16)
+    p    = down_r(h)               row-parallel W8A8 shared-expert down: this rank's partial sum
+    out  = all_reduce(p)           over the TP group -> [T, H], the same on every rank
+
+Comm modes (how the replay copy places the all-reduce; the eager reference always reduces eagerly):
+
+- `in-graph`: the all-reduce is issued inside the captured region. A CUDA graph captures the NCCL
+  kernel; the CPU tape records `c10d.allreduce_` and re-issues (and waits for) it on every replay.
+- `noop-capture` (hazard comm-noop-capture, the lab's VLLM_XPU_GRAPH_NOOP_COMM_CAPTURE): while a
+  capture is in progress the communicator does nothing (returns its input), so the graph holds no
+  collective and every replay returns this rank's unreduced partial sum. It is a Python branch on
+  `Communicator.capturing`, frozen into the graph like any other.
+- `eager-split` (repair eager-family=comm): the graph ends at the down projection; the all-reduce
+  runs eagerly on the graph's output after each replay, as a splitting op would.
+- `registered` (hazard allreduce-no-clone, repair clone-input): a registered-buffer all-reduce as
+  vLLM's custom all-reduce does it in graph mode (`registered=True`): the down projection's output
+  is written into a persistent registered buffer and the collective reads it from there, issued
+  asynchronously; the runner overlaps it with the next step (step k+1's piece is launched before
+  step k's collective is waited for). The collective's queue lags the compute queue; the model takes
+  its worst case, which is also deterministic: the buffer is read when the result is waited for.
+  Without `clone-input` step k+1's write into the buffer lands first and step k reduces the wrong
+  rows; `clone-input` snapshots the buffer into a private tensor at issue time.
+
+The comm dtype: with 2 ranks a bf16 all-reduce is exact in any order (a + b == b + a). With more
+ranks bf16 addition is not associative and ring/tree algorithms order the additions by the
+message size, so eager (T rows) and replay (padded rows) would differ by rounding with no bug.
+`comm_dtype="auto"` therefore reduces in bf16 at 2 ranks and in fp32 above (bf16 partials summed
+in fp32 are exact in practice, so any order gives the same bits after the one rounding back).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..errors import BadInput, Refused
+from ..weights import Linear, MoEWeights
+from .base import Island, linear, ops
+
+COMM_MODES = ("in-graph", "noop-capture", "eager-split", "registered")
+HAZARDS = ("comm-noop-capture", "comm-graph-then-eager", "allreduce-no-clone")
+REPAIRS = ("eager-family=comm", "clone-input")
+COMM_DTYPES = ("auto", "bf16", "fp32")
+DEFAULT_SIZES = (1, 2, 4, 8, 16)
+DEFAULT_VOCAB = 4096  # embedding rows loaded (token ids are drawn below this)
+
+
+def comm_mode_for(hazards=(), repairs=()) -> str:
+    """The replay copy's comm mode for a set of knobs; refuses knobs this island cannot honour."""
+    hazards, repairs = set(hazards), set(repairs)
+    for h in hazards:
+        if h not in HAZARDS:
+            raise Refused(f"hazard {h!r} does not apply to island forced_comm (its hazards: {', '.join(HAZARDS)})")
+    for r in repairs:
+        if r not in REPAIRS:
+            raise Refused(f"repair {r!r} does not apply to island forced_comm (its repairs: {', '.join(REPAIRS)})")
+    registered = "allreduce-no-clone" in hazards or "clone-input" in repairs
+    split = "eager-family=comm" in repairs
+    if registered and ("comm-noop-capture" in hazards or split):
+        raise Refused("the registered-buffer all-reduce (allreduce-no-clone / clone-input) already runs outside the "
+                      "graph: it does not combine with comm-noop-capture or eager-family=comm")
+    if "comm-graph-then-eager" in hazards and (registered or split or "comm-noop-capture" in hazards):
+        raise Refused("comm-graph-then-eager needs an all-reduce captured in the graph: plant it alone "
+                      "(there is no known repair)")
+    if registered:
+        return "registered"
+    if split:
+        return "eager-split"
+    if "comm-noop-capture" in hazards:
+        return "noop-capture"
+    return "in-graph"
+
+
+def resolve_comm_dtype(comm_dtype: str, tp_size: int) -> torch.dtype:
+    if comm_dtype not in COMM_DTYPES:
+        raise BadInput(f"unknown comm dtype {comm_dtype!r} (choose from {', '.join(COMM_DTYPES)})")
+    if comm_dtype == "auto":
+        comm_dtype = "bf16" if tp_size <= 2 else "fp32"
+    return torch.bfloat16 if comm_dtype == "bf16" else torch.float32
+
+
+# --------------------------------------------------------------------------- weights
+
+
+@dataclass
+class SliceWeights:
+    embed: torch.Tensor  # bf16 [V', H], the first V' vocabulary rows
+    norm: torch.Tensor  # post_attention_layernorm [H] (Gemma style, 1 + w)
+    gate_up: Linear  # [2 * Is / n, H], rows [gate_r; up_r]
+    down: Linear  # [H, Is / n]
+    eps: float
+    tp_rank: int = 0
+    tp_size: int = 1
+
+
+def shard_shared_expert(moe: MoEWeights, tp_rank: int, tp_size: int) -> tuple[Linear, Linear]:
+    """vLLM's sharding of an unsharded shared expert: gate_up column-parallel keeping [gate_r; up_r],
+    down row-parallel (its per-output-channel scale is replicated)."""
+    gu, dn = moe.shared_gate_up, moe.shared_down
+    Is = dn.in_features
+    si = Is // tp_size
+    rows = torch.cat([torch.arange(tp_rank * si, (tp_rank + 1) * si), torch.arange(Is + tp_rank * si, Is + (tp_rank + 1) * si)])
+    gate_up = Linear(gu.weight.index_select(0, rows).contiguous(),
+                     None if gu.scale is None else gu.scale.index_select(0, rows).contiguous())
+    down = Linear(dn.weight[:, tp_rank * si:(tp_rank + 1) * si].contiguous(), dn.scale)
+    return gate_up, down
+
+
+def load_slice(checkpoint, layer: int = 0, tp_rank: int = 0, tp_size: int = 1, device="cpu",
+               vocab: int | None = DEFAULT_VOCAB) -> SliceWeights:
+    """The slice of `layer` for `tp_rank` of `tp_size`. The shared expert comes TP-sharded from the
+    checkpoint loader; where `tp_size` does not divide the layer's other sharded dimensions (the
+    tiny checkpoint's 2 key heads at TP4) the layer is read whole and only the shared expert is
+    sharded here, the same way."""
+    from ..checkpoint import Checkpoint
+
+    ck = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint.open(checkpoint)
+    cfg = ck.config
+    if not isinstance(layer, int) or not 0 <= layer < cfg.num_hidden_layers:
+        raise BadInput(f"layer {layer!r} is not a layer of {ck.path} (0..{cfg.num_hidden_layers - 1})")
+    Is = cfg.shared_expert_intermediate_size
+    if tp_size < 1 or Is % tp_size:
+        raise BadInput(f"--tp {tp_size} does not divide the shared expert's intermediate size {Is}")
+    if not 0 <= tp_rank < tp_size:
+        raise BadInput(f"tp_rank {tp_rank} is not in 0..{tp_size - 1}")
+    others = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.moe_intermediate_size)
+    if all(v % tp_size == 0 for v in others):
+        lw = ck.load_layer(layer, tp_rank=tp_rank, tp_size=tp_size)
+        gate_up, down = lw.moe.shared_gate_up, lw.moe.shared_down
+    else:
+        lw = ck.load_layer(layer)
+        gate_up, down = shard_shared_expert(lw.moe, tp_rank, tp_size)
+    rows = None if vocab is None or vocab >= cfg.vocab_size else range(vocab)
+    head = ck.load_head(rows)
+    dev = torch.device(device)
+
+    def mv(lin: Linear) -> Linear:
+        return Linear(lin.weight.to(dev), None if lin.scale is None else lin.scale.to(dev))
+
+    return SliceWeights(embed=head.embed_tokens.to(dev), norm=lw.post_attention_layernorm.to(dev),
+                        gate_up=mv(gate_up), down=mv(down), eps=cfg.rms_norm_eps, tp_rank=tp_rank, tp_size=tp_size)
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+class Communicator:
+    """The island's view of its process group: an out-of-place all-reduce, and whether a capture is
+    in progress (vLLM's `graph_capture()` context). `noop_capture` plants comm-noop-capture."""
+
+    def __init__(self, group=None, dtype: torch.dtype | None = None, noop_capture: bool = False):
+        self.group = group
+        self.dtype = dtype
+        self.noop_capture = noop_capture
+        self.capturing = False
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size(self.group) if dist.is_available() and dist.is_initialized() else 1
+
+    @contextlib.contextmanager
+    def capture(self):
+        self.capturing = True
+        try:
+            yield
+        finally:
+            self.capturing = False
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """A new tensor holding the sum of `t` over the group (in `dtype`, returned in t's dtype)."""
+        if self.capturing and self.noop_capture:
+            return t.clone()  # a no-op communicator while capturing: the graph never reduces
+        buf = t.to(self.dtype or t.dtype, copy=True, memory_format=torch.contiguous_format)
+        if self.world_size > 1:
+            dist.all_reduce(buf, group=self.group)
+        return buf if buf.dtype == t.dtype else buf.to(t.dtype)
+
+
+class Done:
+    """A result already in hand (the collective, if any, completed)."""
+
+    def __init__(self, out: torch.Tensor):
+        self.out = out
+
+    def wait(self) -> torch.Tensor:
+        return self.out
+
+
+class PendingAllReduce:
+    """An issued registered all-reduce. Its source is read when it is waited for (the comm queue lags)."""
+
+    def __init__(self, comm: Communicator, src: torch.Tensor, rows: int):
+        self.comm, self.src, self.rows = comm, src, rows
+        self.out: torch.Tensor | None = None
+
+    def wait(self) -> torch.Tensor:
+        if self.out is None:
+            self.out = self.comm.all_reduce(self.src)[: self.rows]
+            self.src = None
+        return self.out
+
+
+class RegisteredAllReduce:
+    """A custom all-reduce over a registered, persistent buffer (vLLM `CustomAllreduce` in graph mode,
+    `registered=True`; the XPU one behind VLLM_XPU_CUSTOM_ALLREDUCE_CLONE_INPUT). Every captured size
+    writes its down projection into the same buffer rows, as graph outputs share one pool."""
+
+    def __init__(self, comm: Communicator, rows: int, hidden: int, device, clone_input: bool):
+        self.comm = comm
+        self.clone_input = clone_input
+        self.buffer = torch.zeros(rows, hidden, dtype=torch.bfloat16, device=device)
+
+    def issue(self, size: int, rows: int) -> PendingAllReduce:
+        src = self.buffer[:size]
+        if self.clone_input:
+            src = src.clone()  # a private copy taken now, ordered before any later write to the buffer
+        return PendingAllReduce(self.comm, src, rows)
+
+
+def eager_all_reduce_probe(group, step: int, hidden: int, device, rows: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch 189403's second half: a plain eager all-reduce on fresh data right after a replay.
+    Returns (what the collective gave, the exact sum). Small integers: exact in bf16 in any order."""
+    rank = dist.get_rank(group)
+    n = dist.get_world_size(group)
+    i = torch.arange(rows, device=device).view(-1, 1)
+    j = torch.arange(hidden, device=device).view(1, -1)
+
+    def part(r: int) -> torch.Tensor:
+        return ((i * 31 + j * 7 + step * 13 + r * 5) % 17 - 8).to(torch.bfloat16)
+
+    got = part(rank).contiguous()
+    dist.all_reduce(got, group=group)
+    want = sum(part(r).float() for r in range(n)).to(torch.bfloat16)
+    return got, want
+
+
+# --------------------------------------------------------------------------- the island
+
+
+class ForcedComm(Island):
+    """input_ids [T] -> out [T, H]: the TP slice of one layer's shared expert, all-reduced.
+
+    `piece(input_ids)` is what a graph captures; `finish(piece_out, rows)` what runs after a replay
+    (nothing, the eager all-reduce, or issuing the registered all-reduce) and returns a handle whose
+    `wait()` gives the output; `forward` is the eager reference (piece, finish, wait)."""
+
+    name = "forced_comm"
+    inputs = ("input_ids",)
+    outputs = ("out",)
+
+    def __init__(self, w: SliceWeights, comm: Communicator | None = None, mode: str = "in-graph",
+                 clone_input: bool = False, max_tokens: int = 64):
+        super().__init__()
+        if mode not in COMM_MODES:
+            raise BadInput(f"unknown comm mode {mode!r} (choose from {', '.join(COMM_MODES)})")
+        self.w = w
+        self.comm = comm or Communicator()
+        self.mode = mode
+        self.registered = None
+        if mode == "registered":
+            rows = max(max_tokens, max(DEFAULT_SIZES))
+            self.registered = RegisteredAllReduce(self.comm, rows, w.embed.shape[1], w.embed.device, clone_input)
+
+    @classmethod
+    def build(cls, checkpoint, layer: int = 0, tp_rank: int = 0, tp_size: int = 1, device="cpu", group=None,
+              mode: str = "in-graph", comm_dtype: str = "auto", clone_input: bool = False, max_tokens: int = 64,
+              vocab: int | None = DEFAULT_VOCAB, weights: SliceWeights | None = None,
+              noop_capture: bool | None = None) -> "ForcedComm":
+        """`noop_capture` (default: mode == "noop-capture") plants the no-op communicator; with the
+        collective split out of the graph (eager-split) it is present but has nothing to skip."""
+        w = weights or load_slice(checkpoint, layer or 0, tp_rank, tp_size, device, vocab)
+        noop = mode == "noop-capture" if noop_capture is None else noop_capture
+        comm = Communicator(group, resolve_comm_dtype(comm_dtype, tp_size), noop_capture=noop)
+        return cls(w, comm, mode, clone_input=clone_input, max_tokens=max_tokens)
+
+    @property
+    def device(self) -> torch.device:
+        return self.w.embed.device
+
+    def partial(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = ops.rms_norm(self.w.embed[input_ids], self.w.norm, self.w.eps)
+        gu = linear(x, self.w.gate_up)
+        si = gu.shape[1] // 2
+        h = (F.silu(gu[:, :si].float()) * gu[:, si:].float()).to(x.dtype)
+        return linear(h, self.w.down)
+
+    def piece(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        p = self.partial(input_ids)
+        if self.mode in ("in-graph", "noop-capture"):
+            return {"out": self.comm.all_reduce(p)}
+        if self.mode == "registered":
+            buf = self.registered.buffer[: p.shape[0]]
+            buf.copy_(p)  # the down projection lands in the registered buffer
+            return {"partial": buf}
+        return {"partial": p}
+
+    def finish(self, out: dict[str, torch.Tensor], rows: int):
+        if self.mode in ("in-graph", "noop-capture"):
+            return Done(out["out"][:rows].clone())  # read before the next replay overwrites it
+        if self.mode == "registered":
+            return self.registered.issue(out["partial"].shape[0], rows)
+        return Done(self.comm.all_reduce(out["partial"])[:rows])  # eager-split: the collective between pieces
+
+    def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"out": self.finish(self.piece(input_ids), input_ids.shape[0]).wait()}
+
+
+def pad_size(n: int, sizes) -> int | None:
+    return next((s for s in sorted(sizes) if s >= n), None)
+
+
+class SliceRunner:
+    """The replay copy's runner, vLLM's way: capture sizes, pad to the next size, a static
+    `input_ids` buffer addressed by slicing, one graph per size captured lazily into one shared pool
+    after a warm-up run, outputs read before the next replay. Batches above the largest size run
+    eagerly. `launch` returns a handle; `wait()` on it gives the step's output rows."""
+
+    def __init__(self, island: ForcedComm, provider, sizes=DEFAULT_SIZES, max_tokens: int = 64):
+        self.island, self.provider = island, provider
+        self.sizes = tuple(sorted(sizes))
+        self.input_ids = torch.zeros(max(max_tokens, self.sizes[-1]), dtype=torch.long, device=island.device)
+        self.pool = provider.new_pool("shared")
+        self.graphs: dict[int, tuple] = {}
+        self.replays = self.captures = 0
+
+    def launch(self, token_ids) -> Done | PendingAllReduce:
+        isl = self.island
+        n = len(token_ids)
+        size = pad_size(n, self.sizes)
+        with torch.inference_mode():
+            self.input_ids[:n].copy_(torch.as_tensor(token_ids, dtype=torch.long))
+            if size is None:
+                return isl.finish(isl.piece(self.input_ids[:n]), n)
+            self.input_ids[n:size].zero_()
+            if size not in self.graphs:
+                self.graphs[size] = self._capture(size)
+            g, out = self.graphs[size]
+            g.replay()
+            self.replays += 1
+            return isl.finish(out, n)
+
+    def _capture(self, size: int):
+        isl, ids = self.island, self.input_ids[:size]
+        isl.piece(ids)  # warm-up (its collectives run on every rank at the same step)
+        with isl.comm.capture():
+            g, out = self.provider.capture(lambda: isl.piece(ids), self.pool)
+        self.provider.release_all_but(g, list(out.values()))
+        self.captures += 1
+        return g, out
+
+    def release(self) -> None:
+        """Drop every graph (a live graph holding a captured collective hangs `destroy_process_group`)."""
+        self.provider.synchronize()
+        for g, _ in self.graphs.values():
+            reset = getattr(g, "reset", None)
+            if callable(reset):
+                reset()
+        self.graphs.clear()
