@@ -67,8 +67,28 @@ def hunt(check, max_examples: int = 60, profile: str | None = None, vocab: int =
         prop()
     except AssertionError:
         seq, div = found[-1]  # the last failure hypothesis tried is the shrunk one
-        return seq, div
+        return merge_pass(seq, div, check)
     return None, None
+
+
+def merge_pass(seq: Sequence, div, check):
+    """A domain move Hypothesis' shrinker does not make: fold one request's prompt into another's
+    (same tokens in the step, one request fewer). Repeated while the divergence persists."""
+    import dataclasses
+    improved = True
+    while improved and len(seq.requests) > 1:
+        improved = False
+        for i, j in [(i, j) for i in range(len(seq.requests)) for j in range(len(seq.requests)) if i != j]:
+            reqs = [dataclasses.replace(r) for r in seq.requests]
+            keep, drop = reqs[i], reqs[j]
+            keep.prompt_len = min(seq.max_tokens, keep.prompt_len + drop.prompt_len)
+            keep.decode_steps = max(keep.decode_steps, drop.decode_steps)
+            cand = dataclasses.replace(seq, requests=[r for k, r in enumerate(reqs) if k != j])
+            d = check(cand)
+            if d is not None and size_of(cand) <= size_of(seq):
+                seq, div, improved = cand, d, True
+                break
+    return seq, div
 
 
 def hunt_cli(a) -> int:
