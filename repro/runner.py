@@ -140,6 +140,9 @@ class GraphRunner:
         self._core_linted: set = set()  # splitting-op call kinds (decode?, prefill?) linted once
         for isl in copy.islands():
             isl.escape = provider.escape
+        if "escaped-capture" in self.hazards and provider.name == "cuda":
+            # work on a stream the capture does not follow is only legal in relaxed capture mode
+            provider.capture_kwargs = {"capture_error_mode": "relaxed"}
 
     # ---- static buffers -------------------------------------------------------------------
     def _pad_value(self) -> int:
@@ -381,12 +384,17 @@ class GraphRunner:
         p = self.provider
         if "async-output-copy" in self.hazards:
             if self._host is None:
-                self._host = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in out.items()}
+                self._host = {}
+            host = {}
             for k, v in out.items():
-                self._host[k].copy_(v, non_blocking=True)
+                key = (k, tuple(v.shape))
+                if key not in self._host:  # one pinned buffer per output and size, reused
+                    self._host[key] = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+                host[k] = self._host[key]
+                host[k].copy_(v, non_blocking=True)
             if "sync-output-copy" in self.repairs:
                 p.synchronize()
-            return {k: v.to(out[k].device) for k, v in self._host.items()}
+            return {k: v.to(out[k].device) for k, v in host.items()}
         return out
 
     def _eager_step(self, batch: StepBatch):

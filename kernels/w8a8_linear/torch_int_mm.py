@@ -22,14 +22,17 @@ def int_mm_supported(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.device.type in ("cuda", "xpu") and K > 0 and N > 0 and K % 8 == 0 and N % 8 == 0
 
 
+def padded_rows(M: int, device: torch.device) -> int:
+    """Rows `a` must have for `_int_mm` on this device (zero rows appended)."""
+    return M if device.type == "cpu" else max(32, -(-M // 8) * 8)
+
+
 def int8_matmul_int_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a int8 [M, K], b int8 [N, K] -> a @ b.T as int32 [M, N]."""
     if not int_mm_supported(a, b):
         return int8_matmul_exact(a, b)
-    if a.device.type == "cpu":
-        return torch._int_mm(a, b.t())
     M, K = a.shape
-    padded = max(32, -(-M // 8) * 8)
+    padded = padded_rows(M, a.device)
     if padded != M:
         a = torch.cat([a, a.new_zeros(padded - M, K)])
     return torch._int_mm(a, b.t())[:M]

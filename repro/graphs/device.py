@@ -40,13 +40,14 @@ class DeviceGraphProvider:
         self._graph_ctx = graph_ctx
         self._pool_handle = pool_handle
         self.backend = backend  # torch.cuda or torch.xpu
+        self.capture_kwargs: dict = {}
 
     def new_pool(self, name="pool"):
         return self._pool_handle()
 
     def capture(self, fn, pool, stream=None):
         graph = self._graph_cls()
-        kw = {"pool": pool}
+        kw = {"pool": pool, **self.capture_kwargs}
         if stream is not None:
             kw["stream"] = stream
         with self._graph_ctx(graph, **kw):

@@ -357,6 +357,14 @@ class SliceRunner:
         self.captures += 1
         return g, out
 
+    def collectives_in_graphs(self) -> int | None:
+        """How many collectives the captured graphs hold (the CPU tape lists its ops; device graphs
+        do not say: None)."""
+        names = [getattr(g, "kernel_names", None) for g, _ in self.graphs.values()]
+        if any(n is None for n in names):
+            return None
+        return sum(1 for n in names for k in n() if k.startswith("c10d."))
+
     def release(self) -> None:
         """Drop every graph (a live graph holding a captured collective hangs `destroy_process_group`)."""
         self.provider.synchronize()
