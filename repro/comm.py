@@ -255,6 +255,8 @@ def _watch(procs, deadline: float) -> dict:
             alive = [r for r in range(len(procs)) if r not in exit_at]
             for r in alive:
                 _kill(procs[r])
+            for r in alive:
+                procs[r].join(timeout=5)
             return {"exit_at": exit_at, "killed": alive, "deadline": now >= deadline}
         time.sleep(0.05)
 
@@ -354,8 +356,11 @@ def _diagnose(ranks: dict, status: dict, spec, timeout: float) -> dict:
     elif hung:
         r = min(hung, key=lambda q: (ranks[q]["last"].get("case", 0), ranks[q]["last"].get("index", 0)))
         kind = "hung"
-        why = "the deadline passed" if status["deadline"] else f"rank {errs[0]} gave up" if errs else "killed"
-        detail = f"rank {r} stopped answering ({why}; ranks {hung} killed after {GRACE_S:.0f} s grace)"
+        why = (f"the {timeout:.0f} s deadline passed" if status["deadline"] else
+               f"rank {errs[0]} gave up: {ranks[errs[0]]['error']}" if errs else "killed")
+        where = ", ".join(f"rank {q} at step {ranks[q]['last'].get('step')} ({ranks[q]['last'].get('phase')})"
+                          for q in hung)
+        detail = f"rank {r} stopped answering ({why}); killed: {where}"
     elif errs:
         r, kind = errs[0], "error"
         detail = f"rank {r} failed: {ranks[r]['error']}"

@@ -394,7 +394,8 @@ class GraphRunner:
                 host[k].copy_(v, non_blocking=True)
             if "sync-output-copy" in self.repairs:
                 p.synchronize()
-            return {k: v.to(out[k].device) for k, v in host.items()}
+            # the host reads the pinned buffer now (a CPU clone is not ordered after the copy)
+            return {k: v.clone().to(out[k].device) for k, v in host.items()}
         return out
 
     def _eager_step(self, batch: StepBatch):
