@@ -92,9 +92,6 @@ def _run(a) -> int:
         _write_json(a.json, {"device": device_name(provider), "graph_provider": provider.name,
                              "torch": torch.__version__, "checkpoint": str(path), "seed": a.seed,
                              "sequence": seq.to_json(), "results": [r.to_json() for r in results]})
-    if a.report:
-        from .report import write_report
-        write_report(a.json, a.report) if a.json else None
     for r in bad:
         print(f"{r.case.island} {r.case.mode} {','.join(r.case.hazards) or 'baseline'}: {verdict(r)}", file=sys.stderr)
     if any(r.diverged for r in results if r.case.expect == "clean") or unexpected_div:
@@ -107,18 +104,6 @@ def _run(a) -> int:
 def _hunt(a) -> int:
     from .hunt import hunt_cli
     return hunt_cli(a)
-
-
-def _report(a) -> int:
-    from .report import write_report
-    out = write_report(a.result, a.output)
-    print(f"wrote {out}")
-    return 0
-
-
-def _bench(a) -> int:
-    from .bench import bench_cli
-    return bench_cli(a)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -161,7 +146,6 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=120)
     s.add_argument("--sequence", help="replay this request sequence (JSON, e.g. from `repro hunt`)")
     s.add_argument("--trace", help="write per-step digests here (JSON lines)")
-    s.add_argument("--report", help="also write a bug report into this directory (needs --json)")
     s.set_defaults(fn=_run)
 
     s = sub.add_parser("hunt", help="Hypothesis search for a minimal diverging sequence")
@@ -169,21 +153,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-examples", type=int, default=60)
     s.add_argument("--profile", default=None, help="ci | dev | soak")
     s.add_argument("--save", help="where to save the minimal sequence (default: the cache dir)")
-    s.add_argument("--report", help="also write a bug report into this directory")
     s.set_defaults(fn=_hunt)
 
-    s = sub.add_parser("report", help="Markdown report, env.txt and a standalone script from a result JSON")
-    s.add_argument("result")
-    s.add_argument("-o", "--output", required=True)
-    s.set_defaults(fn=_report)
-
-    s = sub.add_parser("bench", help="eager vs replay, repair costs, roofline")
-    common(s)
-    s.add_argument("--batches", default="1,8,32")
-    s.add_argument("--preset", default=None, help="synthetic checkpoint preset (e.g. real-layer)")
-    s.add_argument("--iters", type=int, default=20)
-    s.add_argument("--plot", help="write a PNG plot here")
-    s.set_defaults(fn=_bench)
     return p
 
 

@@ -136,8 +136,5 @@ def hunt_cli(a) -> int:
     cmd = f"repro run --mode {mode} --island {island if island != 'chain' else 'all'} --sequence {save}"
     cmd += "".join(f" --hazard {h}" for h in a.hazard) + "".join(f" --repair {r}" for r in a.repair)
     print(f"replay: {cmd}")
-    if a.report:
-        from .report import write_report
-        write_report(str(save), a.report)
     sys.stdout.flush()
     return 1
