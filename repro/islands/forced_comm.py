@@ -251,7 +251,8 @@ class ForcedComm(Island):
 
     `piece(input_ids)` is what a graph captures; `finish(piece_out, rows)` what runs after a replay
     (nothing, the eager all-reduce, or issuing the registered all-reduce) and returns a handle whose
-    `wait()` gives the output; `forward` is the eager reference (piece, finish, wait)."""
+    `wait()` gives the output; `forward` is the eager reference (piece, finish, wait). Without an
+    initialised process group the all-reduce is the identity (one rank: the output is the partial)."""
 
     name = "forced_comm"
     inputs = ("input_ids",)
