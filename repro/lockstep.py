@@ -122,45 +122,64 @@ class LockstepResult:
         return self.divergence is not None
 
 
-def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise", hazards=(), repairs=(),
-                 sizes=None, trace=None, progress=None, max_tokens=64) -> LockstepResult:
-    """`make_copy(hazards) -> LayerCopy` builds one copy of the islands with its own state."""
-    hazards = frozenset(hazards)
-    eager_copy = make_copy(hazards - REPLAY_ONLY)
-    replay_copy = make_copy(hazards)
-    eager = EagerRunner(eager_copy)
-    kw = {"sizes": sizes} if sizes else {}
-    graph = GraphRunner(replay_copy, provider, mode=mode, hazards=hazards, repairs=frozenset(repairs),
-                        max_tokens=max(max_tokens, max((b.num_tokens for b in batches), default=1)), **kw)
-    t_eager = t_replay = 0.0
-    prev = None
-    div = None
-    done = 0
-    for batch in batches:
+class Lockstep:
+    """An eager copy and a replay copy of the islands stepping together. `make_copy(hazards)`
+    builds one copy with its own state cache."""
+
+    def __init__(self, make_copy, provider, mode="piecewise", hazards=(), repairs=(), sizes=None,
+                 max_tokens=64, trace=None):
+        hazards = frozenset(hazards)
+        self.provider, self.trace = provider, trace
+        self.eager_copy = make_copy(hazards - REPLAY_ONLY)
+        self.replay_copy = make_copy(hazards)
+        self.eager = EagerRunner(self.eager_copy)
+        kw = {"sizes": sizes} if sizes else {}
+        self.graph = GraphRunner(self.replay_copy, provider, mode=mode, hazards=hazards,
+                                 repairs=frozenset(repairs), max_tokens=max_tokens, **kw)
+        self.t_eager = self.t_replay = 0.0
+        self.steps = 0
+        self.prev: StepBatch | None = None
+
+    def step(self, batch: StepBatch) -> Divergence | None:
         t0 = time.perf_counter()
-        e = eager.step(batch)
+        e = self.eager.step(batch)
         t1 = time.perf_counter()
-        r = graph.step(batch)
-        provider.synchronize()
+        r = self.graph.step(batch)
+        self.provider.synchronize()
         t2 = time.perf_counter()
-        t_eager += t1 - t0
-        t_replay += t2 - t1
-        done += 1
-        div = compare_step(batch, e, r, eager_copy, replay_copy)
-        if trace is not None:
-            trace.write(json.dumps({"step": batch.step, "eager": {k: digest(v) for k, v in e.items()},
-                                    "replay": {k: digest(v) for k, v in r.items()}}) + "\n")
-        if progress:
-            progress(done, len(batches))
+        self.t_eager += t1 - t0
+        self.t_replay += t2 - t1
+        self.steps += 1
+        div = compare_step(batch, e, r, self.eager_copy, self.replay_copy)
+        if self.trace is not None:
+            self.trace.write(json.dumps({"step": batch.step, "eager": {k: digest(v) for k, v in e.items()},
+                                         "replay": {k: digest(v) for k, v in r.items()}}) + "\n")
         if div is not None:
-            div.context = {"this_step": _step_context(batch, graph), "previous_step": _step_context(prev, None),
+            div.context = {"this_step": _step_context(batch, self.graph),
+                           "previous_step": _step_context(self.prev, None),
                            "eager_digest": {k: digest(v) for k, v in e.items()},
                            "replay_digest": {k: digest(v) for k, v in r.items()}}
+        self.prev = batch
+        return div
+
+    def result(self, div: Divergence | None) -> LockstepResult:
+        n = max(self.steps, 1)
+        return LockstepResult(self.steps, div, list(self.graph.findings), self.t_eager / n * 1e6,
+                              self.t_replay / n * 1e6, self.graph.replays, self.graph.captures)
+
+
+def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise", hazards=(), repairs=(),
+                 sizes=None, trace=None, progress=None, max_tokens=64) -> LockstepResult:
+    ls = Lockstep(make_copy, provider, mode, hazards, repairs, sizes,
+                  max(max_tokens, max((b.num_tokens for b in batches), default=1)), trace)
+    div = None
+    for i, batch in enumerate(batches):
+        div = ls.step(batch)
+        if progress:
+            progress(i + 1, len(batches))
+        if div is not None:
             break
-        prev = batch
-    n = max(done, 1)
-    return LockstepResult(done, div, list(graph.findings), t_eager / n * 1e6, t_replay / n * 1e6,
-                          graph.replays, graph.captures)
+    return ls.result(div)
 
 
 def run_moe_lockstep(model, provider, batches, sizes=None, progress=None) -> LockstepResult:
