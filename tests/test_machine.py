@@ -25,13 +25,13 @@ def test_baseline_machine_stays_clean(model_provider, mode):
     run_state_machine_as_test(lockstep_machine(model, provider, mode), settings=_settings(12))
 
 
-@pytest.mark.parametrize("mode, hazard", [("full", "stale-pad"), ("piecewise", "frozen-python-state")])
-def test_planted_hazard_fails_the_invariant(model_provider, mode, hazard, capsys):
+@pytest.mark.parametrize("mode, hazard, examples", [("full", "stale-pad", 60), ("piecewise", "frozen-python-state", 30)])
+def test_planted_hazard_fails_the_invariant(model_provider, mode, hazard, examples):
     model, provider = model_provider
     # shrunk: the divergence is reported at one of the first few scheduler steps
     with pytest.raises(AssertionError, match=r"^step [0-3]: "):
         run_state_machine_as_test(lockstep_machine(model, provider, mode, hazards=(hazard,)),
-                                  settings=_settings(30))
+                                  settings=_settings(examples))
 
 
 def test_repaired_hazard_stays_clean(model_provider):
