@@ -63,6 +63,8 @@ def _run(a) -> int:
     if a.island != "all":
         check_island(a.island)
     if a.tp > 1 or a.island == "forced_comm":
+        if a.report:
+            raise BadInput("--report: forced_comm / --tp runs have no report yet (write --json and see its rows)")
         from .comm import run_forced_comm_cli
         return run_forced_comm_cli(a)
     provider = make_provider(a.device)
@@ -88,10 +90,14 @@ def _run(a) -> int:
     from .job import verdict
     bad = [r for r in results if verdict(r) in ("DIVERGED", "MISSED")]
     unexpected_div = [r for r in results if r.case.expect == "clean" and r.detected]
+    doc = {"device": device_name(provider), "graph_provider": provider.name,
+           "torch": torch.__version__, "checkpoint": str(path), "seed": a.seed,
+           "sequence": seq.to_json(), "results": [r.to_json() for r in results]}
     if a.json:
-        _write_json(a.json, {"device": device_name(provider), "graph_provider": provider.name,
-                             "torch": torch.__version__, "checkpoint": str(path), "seed": a.seed,
-                             "sequence": seq.to_json(), "results": [r.to_json() for r in results]})
+        _write_json(a.json, doc)
+    if a.report:
+        from .report import report_hook
+        report_hook(doc, a)
     for r in bad:
         print(f"{r.case.island} {r.case.mode} {','.join(r.case.hazards) or 'baseline'}: {verdict(r)}", file=sys.stderr)
     if any(r.diverged for r in results if r.case.expect == "clean") or unexpected_div:
@@ -104,6 +110,16 @@ def _run(a) -> int:
 def _hunt(a) -> int:
     from .hunt import hunt_cli
     return hunt_cli(a)
+
+
+def _bench(a) -> int:
+    from .bench import bench_cli
+    return bench_cli(a)
+
+
+def _report(a) -> int:
+    from .report import report_cli
+    return report_cli(a)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -140,6 +156,7 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--sentinel", type=int, choices=[-1, 0], default=0, help="the kernels' pad sentinel")
         s.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (forced_comm)")
         s.add_argument("--json", help="write results here")
+        s.add_argument("--report", metavar="DIR", help="also write a bug report (REPORT.md, env.txt, repro_standalone.py) here")
 
     s = sub.add_parser("run", help="the main job: lockstep eager vs replay, baseline and hazards")
     common(s)
@@ -155,11 +172,42 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--save", help="where to save the minimal sequence (default: the cache dir)")
     s.set_defaults(fn=_hunt)
 
+    s = sub.add_parser("report", help="REPORT.md, env.txt and a standalone script from a result JSON")
+    s.add_argument("result", help="a `repro run --json` or `repro hunt` result file")
+    s.add_argument("-o", "--output", required=True, metavar="DIR", help="the report directory (written atomically)")
+    s.add_argument("--case", type=int, default=None, help="which result row (default: the first divergence)")
+    s.add_argument("--layer", type=int, default=None, help="the --layer the result was run with (default: first GDN)")
+    s.add_argument("--sentinel", type=int, choices=[-1, 0], default=None, help="the --sentinel the result was run with")
+    s.add_argument("--seed", type=int, default=0, help="seed of the standalone script's random weights")
+    s.add_argument("--no-verify", action="store_true", help="do not run the standalone script here")
+    s.set_defaults(fn=_report)
+
+    s = sub.add_parser("bench", help="eager vs replay, repair costs, the bandwidth floor")
+    s.add_argument("--model", help="checkpoint directory (default: a synthetic one of --preset)")
+    s.add_argument("--preset", default="tiny", choices=["tiny", "real-layer"],
+                   help="synthetic checkpoint when no --model: tiny (embedded) or real-layer (real dimensions)")
+    s.add_argument("--device", default="auto", help="auto | cpu | cuda | xpu")
+    s.add_argument("--island", default="all", help="all | chain | submod0 | gdn_core | submod1 | moe")
+    s.add_argument("--mode", choices=["piecewise", "full"], default=None, help="chain capture mode (default: both)")
+    s.add_argument("--batches", default="1,8,32", help="decode batch sizes, comma-separated")
+    s.add_argument("--iters", type=int, default=50, help="timed samples per measurement (median)")
+    s.add_argument("--warmup", type=int, default=5, help="untimed calls before the samples")
+    s.add_argument("--kernels", default=None, help="kernel providers, e.g. all=triton (as $REPRO_KERNELS)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--no-repairs", action="store_true", help="skip the repair-cost rows")
+    s.add_argument("--no-tiny-rates", action="store_true",
+                   help="skip the CPU tiny checkpoint's lockstep steps/s and Hypothesis examples/s")
+    s.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    s.add_argument("--json", help="write results here")
+    s.add_argument("--plot", help="write a PNG of replay/eager and replay/floor here (needs matplotlib)")
+    s.set_defaults(fn=_bench)
+
     return p
 
 
 def main(argv=None) -> int:
     a = parser().parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return a.fn(a)
     except BadInput as e:

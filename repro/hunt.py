@@ -130,6 +130,9 @@ def hunt_cli(a) -> int:
     _write_json(str(save), doc)
     if a.json:
         _write_json(a.json, doc)
+    if a.report:
+        from .report import report_hook
+        report_hook(doc, a)
     print(json.dumps(minimal, indent=None))
     print(f"first divergence: {div.line()}")
     print(f"{len(seq.requests)} requests, {len(minimal['steps'])} steps; saved to {save}")

@@ -117,10 +117,15 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
 
 
 def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512) -> Sequence:
-    """Enough requests that the scheduler produces about `steps` steps."""
+    """A seeded random sequence cut to exactly `steps` scheduler steps."""
     n = max(2, steps // 6)
-    seq = random_sequence(seed, num_requests=n, num_slots=num_slots, vocab=vocab)
-    return seq
+    while True:
+        seq = random_sequence(seed, num_requests=n, num_slots=num_slots, vocab=vocab)
+        batches = seq.batches()
+        if len(batches) >= steps:
+            seq.max_steps = steps
+            return seq
+        n = n * 3 // 2 + 1
 
 
 def progress_bar(label: str):

@@ -12,7 +12,6 @@ FULL_DECODE_ONLY does). Hazards and repairs change exactly one mechanism each
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -251,9 +250,26 @@ class GraphRunner:
                     self._note("python-state", name, f"{name}.{k} was {before[name].get(k)!r}, set to {v!r} "
                                f"during capture of size {size}: the graph freezes it")
         cap.watched = after
+        if self.mode == "piecewise":
+            self._alias_map(cap)
         ctx = c.ctx.values()
         cap.frozen = {k: ctx.get(k) for k in c.ctx.reads}
         return cap
+
+    def _alias_map(self, cap: _Captured) -> None:
+        """Graph 0's outputs are held until the end of the step (the splitting op and the caller
+        read them); report bytes of them that graph 1's replay writes."""
+        g0, g1 = cap.graphs
+        o0, o1 = cap.outs
+        if g0 is None or o0 is None:
+            return
+        held = {k: _span(v) for k, v in o0.items()}
+        writes = list(self.provider.written_spans(g1)) if g1 is not None else []
+        writes += [_span(v) for v in (o1 or {}).values()]
+        for k, (a, b) in held.items():
+            if any(a < y and x < b for x, y in writes):
+                self._note("alias", "submod1", f"size {cap.size}: graph 1's replay writes bytes that hold graph 0's "
+                           f"output `{k}`, which the splitting op and the caller still read")
 
     def _linted(self, fn):
         lint = Lint("the piece", self.copy.gdn_core.state())
@@ -378,6 +394,9 @@ class GraphRunner:
             ev = p.new_event()
             ev.record(self._side)
             main.wait_event(ev)
+        else:
+            self._note("stream", "runner", "graphs replay on a side stream and their outputs are read on the main "
+                       "stream with no event between them")
 
     def _consume(self, out):
         """How the host reads the last piece's outputs (stream hazards live here)."""
@@ -410,10 +429,8 @@ class GraphRunner:
         return _collect(o0, o1, ids, n, core)
 
 
-def timed(fn, *a, **kw):
-    t = time.perf_counter()
-    r = fn(*a, **kw)
-    return r, (time.perf_counter() - t) * 1e6
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + max(t.numel(), 1) * t.element_size()
 
 
 class PieceRunner:

@@ -29,6 +29,7 @@ class Sequence:
     vocab: int = 512
     seed: int = 0
     steps: list[dict] = field(default_factory=list)  # explicit steps (a shrunk/replayed sequence)
+    max_steps: int | None = None  # cut the scheduled steps to this many
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -39,7 +40,7 @@ class Sequence:
     def from_json(cls, d: dict) -> "Sequence":
         try:
             reqs = [Request(**r) for r in d.get("requests", [])]
-            keys = ("num_slots", "max_tokens", "vocab", "seed")
+            keys = ("num_slots", "max_tokens", "vocab", "seed", "max_steps")
             return cls(requests=reqs, steps=list(d.get("steps", [])), **{k: d[k] for k in keys if k in d})
         except TypeError as e:
             raise BadInput(f"not a request sequence: {e}") from e
@@ -58,7 +59,7 @@ class Sequence:
             return [StepBatch(**{k: s[k] for k in ("request_ids", "slots", "query_lens", "has_initial_state",
                                                    "token_ids", "step")}, live_slots=s.get("live_slots", s["slots"]))
                     for s in self.steps]
-        return schedule(self, usable_slots)
+        return schedule(self, usable_slots)[: self.max_steps]
 
 
 def _token(seed: int, rid: int, pos: int, vocab: int) -> int:

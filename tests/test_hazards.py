@@ -118,3 +118,50 @@ def test_stream_hazards_on_a_device(setup, hazard, repair):
     assert bad.diverged
     good = run_case(model, provider, Case("chain", "piecewise", (hazard,), (repair,)), seq)
     assert not good.detected, good.first_divergence
+
+
+def test_alias_map_reports_pool_reuse_over_held_outputs_and_nothing_at_baseline(setup):
+    model, provider = setup
+    if provider.name != "cpu-tape":
+        pytest.skip("the device pool's internal blocks are not visible; the tape's arena is")
+    seq = default_sequence(seed=0, steps=12)
+    bad = run_case(model, provider, Case("chain", "piecewise", ("shared-pool-weakref",)), seq)
+    assert any(f["kind"] == "alias" and "graph 0's output" in f["detail"] for f in bad.findings), bad.findings
+    for case in (Case("chain", "piecewise"), Case("chain", "piecewise", ("shared-pool-weakref",), ("private-pool",))):
+        clean = run_case(model, provider, case, seq)
+        assert not [f for f in clean.findings if f["kind"] == "alias"], clean.findings
+
+
+def test_stream_check_reports_a_consumer_without_a_wait(setup):
+    model, provider = setup
+    if not provider.supports_streams:
+        pytest.skip("needs a GPU with streams (run with --device cuda or xpu); the CPU tape has none")
+    seq = default_sequence(seed=0, steps=6)
+    bad = run_case(model, provider, Case("chain", "piecewise", ("side-stream-no-wait",)), seq)
+    assert any(f["kind"] == "stream" for f in bad.findings)
+    good = run_case(model, provider, Case("chain", "piecewise", ("side-stream-no-wait",), ("event-wait",)), seq)
+    assert not any(f["kind"] == "stream" for f in good.findings)
+
+
+@pytest.mark.parametrize("mode", ["piecewise", "full"])
+def test_baseline_holds_for_500_steps(setup, mode):
+    model, provider = setup
+    seq = default_sequence(seed=7, steps=500)
+    batches = seq.batches()
+    assert len(batches) >= 500
+    r = run_case(model, provider, Case("chain", mode), seq)
+    assert r.steps == len(batches) and not r.diverged, r.first_divergence
+
+
+@pytest.mark.parametrize("hazard, mode", [("stale-pad", "full"), ("frozen-python-state", "piecewise"),
+                                          ("frozen-python-state", "full")])
+def test_tape_and_cuda_graph_diverge_at_the_same_step(tiny_path, hazard, mode):
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU to compare the CPU tape with real CUDA graphs")
+    steps = {}
+    for dev in ("cpu", "cuda"):
+        p = make_provider(dev)
+        r = run_case(Model(tiny_path, p.device), p, Case("chain", mode, (hazard,)), SEQ)
+        steps[dev] = (r.first_divergence["step"], r.first_divergence["slot"])
+    assert steps["cpu"] == steps["cuda"]

@@ -60,6 +60,11 @@ class DeviceGraphProvider:
     def release_all_but(self, graph, keep):
         """Intermediates are freed by the allocator when their last Python reference dies."""
 
+    def written_spans(self, graph) -> list[tuple[int, int]]:
+        """Unknown on a device: the pool's internal blocks are not visible from Python. The alias
+        map then checks captured outputs against each other only."""
+        return []
+
     def weak_alias(self, t: torch.Tensor) -> torch.Tensor | None:
         if self.device.type == "cuda":
             return weak_alias_cuda(t)

@@ -84,8 +84,9 @@ class Arena:
         block = self.alloc(_storage_nbytes(shape, stride, itemsize))
         return self.tensor(block, shape, stride, dtype), block
 
-    def span(self, block) -> tuple[int, int]:
-        """(start address, end address) of a block, for alias maps."""
+    def span_of(self, block) -> tuple[int, int]:
+        """(start address, end address) of a block, live or released, for alias maps."""
         seg, off = block
         base = self.segments[seg].data_ptr()
-        return base + off, base + off + self.live.get(block, 0)
+        n = self.live.get(block) or max((m for s, o, m in self._ever if s == seg and o == off), default=0)
+        return base + off, base + off + n

@@ -184,8 +184,9 @@ class TapeProvider:
     def synchronize(self) -> None:
         pass
 
-    def spans(self, tensors) -> list[tuple[int, int]]:
-        return [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in tensors]
+    def written_spans(self, graph: TapeGraph) -> list[tuple[int, int]]:
+        """Bytes a replay of `graph` writes: every pool block its capture took."""
+        return [graph.arena.span_of(b) for b in graph.blocks]
 
 
 def _blocks_under(graph: TapeGraph, tensors) -> list[tuple[int, int]]:

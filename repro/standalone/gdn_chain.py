@@ -1,0 +1,851 @@
+#!/usr/bin/env python3
+"""@TITLE@
+
+A standalone reproducer written by `repro report`. It needs only torch (plus safetensors when
+the weights are embedded beside it, and intel_extension_for_pytorch on an IPEX XPU stack); it
+does not import the suite that generated it.
+
+It rebuilds one Qwen3.6-35B-A3B (W8A8 INT8) GDN layer as vLLM's PIECEWISE split cuts it:
+
+    submod0   embedding -> Gemma RMSNorm (x * (1 + w)) -> W8A8 in_proj_qkv / z / b / a
+              (int8 weights, per-channel scales, dynamic per-token int8 activations)
+    gdn_core  causal depthwise conv1d (kernel K, SiLU) with a per-slot conv_state ->
+              g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b) -> gated delta rule
+              with a per-slot fp32 ssm_state (q, k L2-normalised, q * dk^-0.5); rows whose
+              state index equals the kernel's sentinel are skipped
+    submod1   gated norm (w * rmsnorm(core) * silu(z)) -> W8A8 out_proj -> residual ->
+              post-attention norm -> MoE (router softmax, top-k renormalised, W8A8 experts,
+              sigmoid-gated shared expert) -> residual -> next layer's input norm
+
+and runs the recorded request steps through two copies, each with its own state cache:
+an eager copy (exact shapes, no padding) and a graph copy driven like vLLM's runner (capture
+sizes, padding to the next size, persistent `input_ids` / state-index buffers addressed by
+slicing, lazy capture on the first step of a size, a warm-up run before each capture,
+`piecewise`: submod0 and submod1 are graphs and gdn_core runs eagerly between them,
+`full`: the whole uniform-decode chain is one graph, mixed steps run eagerly). After every
+step every island output (live rows) and the state rows of the step's slots are compared
+bit for bit; the first difference is printed.
+
+Graphs: torch.cuda.CUDAGraph on CUDA; torch.xpu.XPUGraph (torch >= 2.11) or
+intel_extension_for_pytorch.xpu.XPUGraph (IPEX 2.6/2.7) on XPU; on a CPU, a small emulation
+(below, `Tape`): the ops of one run are recorded under a TorchDispatchMode and replayed on the
+same tensor objects, so addresses, Python-side decisions and the op sequence are frozen as a
+device graph freezes them (no streams, no memory-pool reuse: not needed here).
+
+Prefill (mixed steps) runs eagerly in both copies; its gated delta rule is the token-by-token
+recurrence (the suite's chunked form computes the same recurrence).
+
+Usage:  python repro_standalone.py [--device auto|cpu|cuda|xpu] [--repair [NAME]] [--no-hazard]
+Exit:   1 the divergence reproduced, 0 replay == eager bit for bit at every step, 2 bad usage.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+SPEC_JSON = None  # @SPEC@ (filled in by `repro report`)
+
+# What each hazard changes, and what repairs this script knows (see HAZARDS in the spec).
+KNOWN_HAZARDS = ("stale-pad", "pad-sentinel-mismatch", "frozen-python-state", "fresh-alloc-split-op")
+KNOWN_REPAIRS = ("sanitize-pad", "recapture", "copy-inputs", "eager-family=moe", "eager-family=submod0",
+                 "eager-family=submod1")
+
+
+def die(msg: str, code: int = 2):
+    print(f"repro_standalone: error: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+# ============================================================================ math (fp32 inside)
+# silu / sigmoid / softplus are written with exp only, so a value depends on its input alone and
+# not on where it sits in a tensor (CPU kernels round a vector body and its tail differently).
+
+def silu(x):
+    return x / (1.0 + torch.exp(-x))
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + torch.exp(-x))
+
+
+def softplus(x):
+    return torch.where(x > 20.0, x, torch.log1p(torch.exp(x)))
+
+
+def l2norm(x):
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def rms_norm(x, w, eps):
+    """Gemma style: x * rsqrt(mean(x^2) + eps) * (1 + w)."""
+    xf = x.float()
+    return (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps) * (1.0 + w.float())).to(x.dtype)
+
+
+def rms_norm_gated(x, z, w, eps):
+    """Per value head: w * rmsnorm(x) * silu(z) (plain weight)."""
+    xf = x.float()
+    normed = xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps)
+    return (w.float() * normed * silu(z.float())).to(z.dtype)
+
+
+def quantize_per_token(x):
+    """Dynamic symmetric int8 per token: scale = amax / 127, q = round_half_even(x / scale)."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1) / 127.0
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return torch.round(xf / scale.unsqueeze(-1)).clamp_(-128.0, 127.0).to(torch.int8), scale
+
+
+def int8_matmul(a, b):
+    """int8 [M, K] x int8 [N, K] -> int32 [M, N], exact (fp32 blocks of 1024 hold every partial sum)."""
+    M, K = a.shape
+    acc = torch.zeros(M, b.shape[0], dtype=torch.int32, device=a.device)
+    for k0 in range(0, K, 1024):
+        acc += (a[:, k0:k0 + 1024].float() @ b[:, k0:k0 + 1024].float().t()).to(torch.int32)
+    return acc
+
+
+def linear(x, lin):
+    """lin = (weight, scale): W8A8 when scale is a tensor, else a bf16 F.linear."""
+    w, s = lin
+    if s is None:
+        return F.linear(x, w)
+    q, xs = quantize_per_token(x)
+    return (int8_matmul(q, w).float() * xs.unsqueeze(-1) * s.float()).to(x.dtype)
+
+
+def slot_rows(state_indices, sentinel, num_slots):
+    """(valid, slot): a row whose index is the sentinel is padding; others address slot % S."""
+    idx = state_indices.to(torch.int64)
+    valid = idx != sentinel
+    return valid, torch.remainder(torch.where(valid, idx, torch.zeros_like(idx)), num_slots)
+
+
+def write_rows_in_order(cache, slot, valid, new):
+    """Row by row in batch order (the last valid row naming a slot wins); padding rewrites what is there."""
+    for b in range(slot.shape[0]):
+        at = slot[b:b + 1]
+        cache.index_copy_(0, at, torch.where(valid[b], new[b:b + 1].to(cache.dtype), cache.index_select(0, at)))
+
+
+def conv_taps(taps, w):
+    acc = taps[0] * w[:, 0]
+    for j in range(1, len(taps)):
+        acc = acc + taps[j] * w[:, j]
+    return silu(acc)
+
+
+def conv1d_update(x, w, conv_state, state_indices, sentinel):
+    """Decode: one token a row. x [B, C], w fp32 [C, K], conv_state [S, C, K-1]. Graph-safe."""
+    B, C = x.shape
+    K = w.shape[1]
+    valid, slot = slot_rows(state_indices, sentinel, conv_state.shape[0])
+    ys, news = [], []
+    for b in range(B):
+        hist = conv_state.index_select(0, slot[b:b + 1])[0]
+        ys.append(conv_taps([hist[:, j].float() for j in range(K - 1)] + [x[b].float()], w))
+        news.append(torch.cat([hist[:, 1:], x[b, :, None].to(conv_state.dtype)], dim=1))
+    y = torch.where(valid[:, None], torch.stack(ys), 0.0).to(x.dtype)
+    write_rows_in_order(conv_state, slot, valid, torch.stack(news))
+    return y
+
+
+def conv1d_prefill(x, w, conv_state, query_start_loc, state_indices, has_initial_state, sentinel):
+    """Varlen prefill (eager only: reads host values)."""
+    T, C = x.shape
+    K, S = w.shape[1], conv_state.shape[0]
+    y = torch.zeros(T, C, dtype=x.dtype, device=x.device)
+    starts, indices, init = query_start_loc.tolist(), state_indices.tolist(), has_initial_state.tolist()
+    history = [conv_state[i % S].float().clone() if h else torch.zeros(C, K - 1, device=x.device)
+               for i, h in zip(indices, init)]
+    finals = []
+    for b, index in enumerate(indices):
+        if index == sentinel:
+            continue
+        s, e = starts[b], starts[b + 1]
+        seq = torch.cat([history[b], x[s:e].float().t()], dim=1)
+        y[s:e] = conv_taps([seq[:, j:j + e - s].t() for j in range(K)], w).to(x.dtype)
+        finals.append((index % S, seq[:, seq.shape[1] - (K - 1):]))
+    for slot, final in finals:
+        conv_state[slot] = final.to(conv_state.dtype)
+    return y
+
+
+def gdn_gating(A_log, a, dt_bias, b):
+    return -torch.exp(A_log.float()) * softplus(a.float() + dt_bias.float()), sigmoid(b.float())
+
+
+def prepare_qk(q, k, hv):
+    """fp32, L2-normalised, q * dk^-0.5; value head h reads key head h // (Hv / Hk)."""
+    def expand(x):
+        n, hk, d = x.shape
+        return x.unsqueeze(2).expand(n, hk, hv // hk, d).reshape(n, hv, d)
+    return expand(l2norm(q.float()) * q.shape[-1] ** -0.5), expand(l2norm(k.float()))
+
+
+def delta_step(S, q, k, v, g, beta):
+    """One token, all heads: S [Hv, dk, dv] -> (o [Hv, dv], new S)."""
+    S = S * torch.exp(g)[:, None, None]
+    delta = beta[:, None] * (v - (k[:, None, :] @ S)[:, 0])
+    S = S + k[:, :, None] * delta[:, None, :]
+    return (q[:, None, :] @ S)[:, 0], S
+
+
+def gdn_decode(q, k, v, g, beta, ssm_state, state_indices, sentinel):
+    """One step for B rows; every row reads the state as it was before the call. Graph-safe."""
+    hv = v.shape[1]
+    valid, slot = slot_rows(state_indices, sentinel, ssm_state.shape[0])
+    qf, kf = prepare_qk(q, k, hv)
+    outs, news = [], []
+    for b in range(v.shape[0]):
+        o, S = delta_step(ssm_state.index_select(0, slot[b:b + 1])[0].float(), qf[b], kf[b], v[b].float(),
+                          g[b].float(), beta[b].float())
+        outs.append(o)
+        news.append(S)
+    out = torch.where(valid[:, None, None], torch.stack(outs), 0.0).to(v.dtype)
+    write_rows_in_order(ssm_state, slot, valid, torch.stack(news))
+    return out
+
+
+def gdn_prefill(q, k, v, g, beta, ssm_state, query_start_loc, state_indices, has_initial_state, sentinel):
+    """Varlen prefill, token by token (eager only)."""
+    T, hv, dv = v.shape
+    dk, S_n = q.shape[-1], ssm_state.shape[0]
+    out = torch.zeros(T, hv, dv, dtype=v.dtype, device=v.device)
+    qf, kf = prepare_qk(q, k, hv)
+    starts, indices, init = query_start_loc.tolist(), state_indices.tolist(), has_initial_state.tolist()
+    initial = [ssm_state[i % S_n].float().clone() if h else torch.zeros(hv, dk, dv, device=v.device)
+               for i, h in zip(indices, init)]
+    finals = []
+    for b, index in enumerate(indices):
+        if index == sentinel:
+            continue
+        S = initial[b]
+        for t in range(starts[b], starts[b + 1]):
+            o, S = delta_step(S, qf[t], kf[t], v[t].float(), g[t].float(), beta[t].float())
+            out[t] = o.to(v.dtype)
+        finals.append((index % S_n, S))
+    for slot, S in finals:
+        ssm_state[slot] = S.to(ssm_state.dtype)
+    return out
+
+
+def silu_and_mul(h):
+    half = h.shape[-1] // 2
+    return (silu(h[..., :half].float()) * h[..., half:].float()).to(h.dtype)
+
+
+def moe(x, P, top_k, renormalize):
+    """Router softmax (fp32), top-k by repeated argmax (ties to the lowest expert), renormalised;
+    every expert run densely over all rows and masked (no host sync); shared expert gated by
+    sigmoid(shared_expert_gate)."""
+    T, H = x.shape
+    w13, s13, w2, s2 = P["experts.w13"], P.get("experts.w13_scale"), P["experts.w2"], P.get("experts.w2_scale")
+    E, I2 = w13.shape[0], w13.shape[1]
+    probs = torch.softmax(F.linear(x, P["router"]).float(), dim=-1)
+    remaining, values, ids = probs.clone(), [], []
+    for _ in range(top_k):
+        i = remaining.argmax(dim=-1, keepdim=True)
+        values.append(probs.gather(-1, i))
+        ids.append(i)
+        remaining = remaining.scatter(-1, i, float("-inf"))
+    weights, ids = torch.cat(values, -1), torch.cat(ids, -1)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    h = x.new_zeros(T, top_k, I2)
+    for e in range(E):
+        h_e = linear(x, (w13[e], None if s13 is None else s13[e]))
+        h = torch.where((ids == e)[..., None], h_e[:, None, :], h)
+    act = silu_and_mul(h.reshape(T * top_k, I2))
+    pair_expert = ids.reshape(-1)
+    y = x.new_zeros(T * top_k, H)
+    for e in range(E):
+        y = torch.where((pair_expert == e)[:, None], linear(act, (w2[e], None if s2 is None else s2[e])), y)
+    y = y.view(T, top_k, H)
+    routed = weights[:, 0:1] * y[:, 0].float()
+    for j in range(1, top_k):
+        routed = routed + weights[:, j:j + 1] * y[:, j].float()
+    shared = linear(silu_and_mul(linear(x, P.lin("shared_gate_up"))), P.lin("shared_down"))
+    gate = sigmoid(F.linear(x, P["shared_expert_gate"]).float())
+    return (routed + gate * shared.float()).to(x.dtype)
+
+
+# ============================================================================ weights
+
+class Weights(dict):
+    def lin(self, name):
+        return self[name + ".weight"], self.get(name + ".scale")
+
+
+LINEARS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj", "shared_gate_up", "shared_down")
+
+
+def seeded_weights(spec) -> dict:
+    """Random weights of the checkpoint's shapes and dtypes, from a seed (CPU generator, so the
+    same on every device). W8A8 linears are quantised the Quark way (scale = amax / 127.5)."""
+    c, q = spec["config"], spec["quantised"]
+    g = torch.Generator().manual_seed(int(spec["weights"]["seed"]))
+    H, hk, hv, dk, dv = c["hidden"], c["hk"], c["hv"], c["dk"], c["dv"]
+    E, I, Is, K = c["experts"], c["moe_inter"], c["shared_inter"], c["conv_kernel"]
+    conv_dim = 2 * hk * dk + hv * dv
+
+    def normal(shape, std, mean=0.0):
+        return torch.randn(shape, generator=g) * std + mean
+
+    def quantised(w):
+        scale = (w.abs().amax(-1) / 127.5).to(torch.bfloat16).float()
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        return torch.round(w / scale.unsqueeze(-1)).clamp(-128, 127).to(torch.int8), scale
+
+    out = {}
+
+    def put_linear(name, n, k, is_q):
+        w = normal((n, k), 1.0 / math.sqrt(k))
+        if is_q:
+            out[name + ".weight"], out[name + ".scale"] = quantised(w)
+        else:
+            out[name + ".weight"] = w.to(torch.bfloat16)
+
+    out["embed_rows"] = normal((len(spec["embed_ids"]), H), 1.0).to(torch.bfloat16)
+    for name in ("input_layernorm", "post_attention_layernorm", "next_norm"):
+        out[name] = normal((H,), 0.1).to(torch.bfloat16)
+    put_linear("in_proj_qkv", conv_dim, H, q["in_proj_qkv"])
+    put_linear("in_proj_z", hv * dv, H, q["in_proj_z"])
+    put_linear("in_proj_b", hv, H, q["in_proj_b"])
+    put_linear("in_proj_a", hv, H, q["in_proj_a"])
+    out["conv1d_weight"] = normal((conv_dim, K), 1.0 / math.sqrt(K)).to(torch.bfloat16)
+    out["A_log"] = torch.log(torch.rand(hv, generator=g) * 15 + 1).to(torch.bfloat16)
+    out["dt_bias"] = normal((hv,), 0.5).to(torch.bfloat16)
+    out["norm_weight"] = normal((dv,), 0.1, 1.0).to(torch.bfloat16)
+    put_linear("out_proj", H, hv * dv, q["out_proj"])
+    out["router"] = normal((E, H), 1.0 / math.sqrt(H)).to(torch.bfloat16)
+    w13 = normal((E, 2 * I, H), 1.0 / math.sqrt(H))
+    w2 = normal((E, H, I), 1.0 / math.sqrt(I))
+    if q["experts"]:
+        out["experts.w13"], out["experts.w13_scale"] = quantised(w13)
+        out["experts.w2"], out["experts.w2_scale"] = quantised(w2)
+    else:
+        out["experts.w13"], out["experts.w2"] = w13.to(torch.bfloat16), w2.to(torch.bfloat16)
+    put_linear("shared_gate_up", 2 * Is, H, q["shared_gate_up"])
+    put_linear("shared_down", H, Is, q["shared_down"])
+    out["shared_expert_gate"] = normal((1, H), 1.0 / math.sqrt(H)).to(torch.bfloat16)
+    return out
+
+
+def load_weights(spec, device) -> Weights:
+    src = spec["weights"]
+    if src["source"] == "seed":
+        tensors = seeded_weights(spec)
+    else:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), src["file"])
+        if not os.path.isfile(path):
+            die(f"the weights file {src['file']} must lie beside this script")
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            die("the embedded weights need `pip install safetensors`")
+        tensors = load_file(path)
+    P = Weights({k: v.to(device) for k, v in tensors.items()})
+    # token id -> row of `embed_rows` (only the rows the steps use are kept)
+    row_of = torch.zeros(spec["config"]["vocab"], dtype=torch.long)
+    row_of[torch.tensor(spec["embed_ids"], dtype=torch.long)] = torch.arange(len(spec["embed_ids"]))
+    P["row_of"] = row_of.to(device)
+    P["conv_w"] = P["conv1d_weight"].reshape(P["conv1d_weight"].shape[0], -1).float()
+    return P
+
+
+# ============================================================================ the islands
+
+class Context:
+    """Host values the runner sets before a call (vLLM's forward context); reads are recorded,
+    so the runner knows which values a capture froze."""
+
+    def __init__(self):
+        self.values, self.reads = {}, set()
+
+    def get(self, key):
+        self.reads.add(key)
+        return self.values.get(key)
+
+
+class LayerCopy:
+    """submod0 -> gdn_core -> submod1 with its own state cache."""
+
+    def __init__(self, P, spec, hazards, device):
+        c = spec["config"]
+        self.P, self.c, self.hazards, self.device = P, c, frozenset(hazards), device
+        self.sentinel = spec["sentinel"]
+        rows = spec["num_slots"] + (1 if self.sentinel == 0 else 0)  # sentinel 0: row 0 is the null block
+        conv_dim = 2 * c["hk"] * c["dk"] + c["hv"] * c["dv"]
+        self.conv = torch.zeros(rows, conv_dim, c["conv_kernel"] - 1, dtype=torch.bfloat16, device=device)
+        self.ssm = torch.zeros(rows, c["hv"], c["dk"], c["dv"], dtype=torch.float32, device=device)
+        self.ctx = Context()
+
+    def state(self):
+        return {"conv_state": self.conv, "ssm_state": self.ssm}
+
+    def submod0(self, input_ids):
+        P, c = self.P, self.c
+        residual = P["embed_rows"][P["row_of"][input_ids]]
+        x = rms_norm(residual, P["input_layernorm"], c["eps"])
+        z = linear(x, P.lin("in_proj_z"))
+        return {"qkv": linear(x, P.lin("in_proj_qkv")), "z": z, "b": linear(x, P.lin("in_proj_b")),
+                "a": linear(x, P.lin("in_proj_a")), "residual": residual,
+                # the buffer the splitting op writes into: allocated here, so a graph output in the pool
+                "core_out": torch.empty(x.shape[0], c["hv"], c["dv"], dtype=torch.bfloat16, device=x.device)}
+
+    def _split(self, y):
+        c = self.c
+        kd, t = c["hk"] * c["dk"], y.shape[0]
+        return (y[:, :kd].reshape(t, c["hk"], c["dk"]), y[:, kd:2 * kd].reshape(t, c["hk"], c["dk"]),
+                y[:, 2 * kd:].reshape(t, c["hv"], c["dv"]))
+
+    def gdn_core(self, qkv, b, a, core_out, meta):
+        """The splitting op: writes core_out and the state caches in place."""
+        P, s = self.P, self.sentinel
+        nd, nt = meta["num_decodes"], meta["num_tokens"]
+        out = torch.empty_like(core_out) if "fresh-alloc-split-op" in self.hazards else core_out
+        if nd:
+            idx = meta["state_indices"][:nd]
+            q, k, v = self._split(conv1d_update(qkv[:nd], P["conv_w"], self.conv, idx, s))
+            g, beta = gdn_gating(P["A_log"], a[:nd], P["dt_bias"], b[:nd])
+            out[:nd].copy_(gdn_decode(q, k, v, g, beta, self.ssm, idx, s))
+        if nt > nd:
+            qsl = meta["query_start_loc"][nd:] - nd
+            idx, init = meta["state_indices"][nd:], meta["has_initial_state"][nd:]
+            q, k, v = self._split(conv1d_prefill(qkv[nd:nt], P["conv_w"], self.conv, qsl, idx, init, s))
+            g, beta = gdn_gating(P["A_log"], a[nd:nt], P["dt_bias"], b[nd:nt])
+            out[nd:nt].copy_(gdn_prefill(q, k, v, g, beta, self.ssm, qsl, idx, init, s))
+        return out
+
+    def submod1(self, core_out, z, residual):
+        P, c = self.P, self.c
+        t = core_out.shape[0]
+        gated = rms_norm_gated(core_out, z.reshape(t, c["hv"], c["dv"]), P["norm_weight"], c["eps"])
+        h = residual + linear(gated.reshape(t, -1), P.lin("out_proj"))
+        x = rms_norm(h, P["post_attention_layernorm"], c["eps"])
+        if "frozen-python-state" in self.hazards:
+            # vLLM's MoE trims to the forward context's token count: a Python int a graph freezes
+            n = self.ctx.get("num_actual_tokens")
+            m = torch.zeros_like(x)
+            m[:n] = moe(x[:n], P, c["top_k"], c["renormalize"])
+        else:
+            m = moe(x, P, c["top_k"], c["renormalize"])
+        hidden = h + m
+        return {"hidden": hidden, "next_normed": rms_norm(hidden, P["next_norm"], c["eps"])}
+
+
+SUBMOD0_OUT = ("qkv", "z", "b", "a", "residual")
+SUBMOD1_OUT = ("hidden", "next_normed")
+
+
+def step_meta(st, device):
+    qsl = [0]
+    for q in st["query_lens"]:
+        qsl.append(qsl[-1] + q)
+    return {"query_start_loc": torch.tensor(qsl, dtype=torch.int32, device=device),
+            "state_indices": torch.tensor(st["slots"], dtype=torch.int32, device=device),
+            "has_initial_state": torch.tensor(st["has_initial_state"], dtype=torch.bool, device=device),
+            "num_decodes": num_decodes(st), "num_tokens": len(st["token_ids"])}
+
+
+def num_decodes(st):
+    n = 0
+    for q, h in zip(st["query_lens"], st["has_initial_state"]):
+        if q == 1 and h:
+            n += 1
+        else:
+            break
+    return n
+
+
+def collect(o0, o1, n, core):
+    out = {f"submod0.{k}": o0[k][:n] for k in SUBMOD0_OUT}
+    out["gdn_core.core_out"] = core[:n]
+    out.update({f"submod1.{k}": o1[k][:n] for k in SUBMOD1_OUT})
+    return {k: v.clone() for k, v in out.items()}
+
+
+class EagerRunner:
+    """The reference: every island eager, exact shapes, no padding."""
+
+    def __init__(self, copy):
+        self.copy = copy
+
+    def step(self, st):
+        c = self.copy
+        c.ctx.values["num_actual_tokens"] = len(st["token_ids"])
+        o0 = c.submod0(torch.tensor(st["token_ids"], dtype=torch.long, device=c.device))
+        core = c.gdn_core(o0["qkv"], o0["b"], o0["a"], o0["core_out"], step_meta(st, c.device))
+        o1 = c.submod1(core, o0["z"], o0["residual"])
+        return collect(o0, o1, len(st["token_ids"]), core)
+
+
+# ============================================================================ graphs
+
+def _storage(t):
+    return t.untyped_storage().data_ptr()
+
+
+aten = torch.ops.aten
+HOST_SYNC = {aten._local_scalar_dense.default, aten.item.default, aten.nonzero.default, aten.equal.default}
+ALLOC_ONLY = {aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default, aten.new_empty.default}
+
+
+class Record(TorchDispatchMode):
+    """Capture on the CPU: runs each op and records it with the very tensors it was called on."""
+
+    def __init__(self, tape):
+        super().__init__()
+        self.tape = tape
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in HOST_SYNC:
+            raise RuntimeError(f"{func} inside a captured piece needs a host value: a graph cannot hold it")
+        result = func(*args, **kwargs)
+        ins = {_storage(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
+        fresh = [] if func in ALLOC_ONLY else [(i, t) for i, t in enumerate(tree_flatten(result)[0])
+                                               if isinstance(t, torch.Tensor) and _storage(t) not in ins]
+        schema = getattr(func, "_schema", None)
+        mutates = bool(schema) and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        self.tape.ops.append((func, args, kwargs, fresh, mutates))
+        return result
+
+
+class Tape:
+    """The CPU stand-in for a device graph: replay re-runs the recorded ops on the captured
+    tensors and writes each result into the tensor recorded at capture. Views are skipped (they
+    already alias the right bytes); allocation-only ops are not redone (nothing to compute)."""
+
+    def __init__(self):
+        self.ops = []
+
+    def replay(self):
+        with torch.inference_mode():
+            for func, args, kwargs, fresh, mutates in self.ops:
+                if not fresh and not mutates:
+                    continue
+                result = func(*args, **kwargs)
+                if fresh:
+                    flat = tree_flatten(result)[0]
+                    for i, target in fresh:
+                        target.copy_(flat[i])
+
+
+class Graphs:
+    """One interface over the CPU tape, CUDA graphs and XPU graphs (upstream or IPEX)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.api = "cpu tape (TorchDispatchMode record/replay)"
+        self._pool = None
+        if device == "cuda":
+            self.api = "torch.cuda.CUDAGraph"
+            self._pool = torch.cuda.graph_pool_handle()
+        elif device == "xpu":
+            if hasattr(torch.xpu, "XPUGraph") and hasattr(torch.xpu, "graph"):
+                self.api, self._cls, self._ctx = "torch.xpu.XPUGraph", torch.xpu.XPUGraph, torch.xpu.graph
+                self._pool = getattr(torch.xpu, "graph_pool_handle", lambda: None)()
+            else:
+                try:
+                    import intel_extension_for_pytorch as ipex
+                except ImportError:
+                    die("XPU: this torch has no torch.xpu.XPUGraph and intel_extension_for_pytorch is absent")
+                x = getattr(ipex, "xpu", None)
+                if x is None or not hasattr(x, "XPUGraph"):
+                    die(f"IPEX {getattr(ipex, '__version__', '?')} has no XPUGraph (IPEX 2.8 removed it): use "
+                        "torch >= 2.11 (torch.xpu.XPUGraph) or IPEX 2.6.10/2.7.10")
+                self.api, self._cls, self._ctx = "intel_extension_for_pytorch.xpu.XPUGraph", x.XPUGraph, x.graph
+                self._pool = getattr(x, "graph_pool_handle", lambda: None)()
+
+    def capture(self, fn):
+        """(graph with .replay(), outputs); one shared pool for every capture, as vLLM does."""
+        if self.device == "cpu":
+            tape = Tape()
+            with torch.inference_mode(), Record(tape):
+                out = fn()
+            return tape, out
+        if self.device == "cuda":
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self._pool):
+                out = fn()
+            return g, out
+        g = self._cls()
+        with self._ctx(g, pool=self._pool):
+            out = fn()
+        return g, out
+
+    def synchronize(self):
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        elif self.device == "xpu":
+            torch.xpu.synchronize()
+
+
+class GraphRunner:
+    """vLLM's runner: capture sizes, pad to the next size, persistent buffers sliced per step,
+    lazy capture into one pool after a warm-up, piecewise or full."""
+
+    def __init__(self, copy, graphs, spec, hazards, repairs):
+        self.copy, self.graphs, self.mode = copy, graphs, spec["mode"]
+        self.sizes = sorted(spec["sizes"])
+        self.hazards, self.repairs = frozenset(hazards), frozenset(repairs)
+        self.eager_family = {r.split("=", 1)[1] for r in self.repairs if r.startswith("eager-family=")}
+        self.sentinel = copy.sentinel
+        n = max(spec["max_tokens"], max(self.sizes))
+        self.input_ids = torch.zeros(n, dtype=torch.long, device=copy.device)
+        self.token_slot = torch.full((n,), self.sentinel, dtype=torch.int32, device=copy.device)
+        self.captured = {}
+        self.notes = []
+
+    def _pad_value(self):
+        if "pad-sentinel-mismatch" in self.hazards and "sanitize-pad" not in self.repairs:
+            return 0 if self.sentinel != 0 else -1  # the runner pads with 0, the kernel skips only -1
+        return self.sentinel
+
+    def _fill(self, st, size):
+        n = len(st["token_ids"])
+        dev = self.copy.device
+        self.input_ids[:n].copy_(torch.tensor(st["token_ids"], dtype=torch.long, device=dev))
+        token_slots = [s for s, q in zip(st["slots"], st["query_lens"]) for _ in range(q)]
+        self.token_slot[:n].copy_(torch.tensor(token_slots, dtype=torch.int32, device=dev))
+        stale = "stale-pad" in self.hazards and "sanitize-pad" not in self.repairs
+        if size > n and (not stale or "pad-sentinel-mismatch" in self.hazards):
+            # nano-vllm's `slot_mapping.fill_(-1)`: padded rows carry the kernel's sentinel.
+            # With stale-pad this is skipped: the padded tail keeps the last step's values.
+            self.input_ids[n:size].zero_()
+            self.token_slot[n:size].fill_(self._pad_value())
+
+    def _size(self, st):
+        n = len(st["token_ids"])
+        size = next((s for s in self.sizes if s >= n), None)
+        if size is not None and self.mode == "full" and num_decodes(st) != len(st["query_lens"]):
+            return None  # FULL_DECODE_ONLY: mixed steps run eagerly
+        return size
+
+    def _capture(self, size):
+        c = self.copy
+        cap = {"size": size, "graphs": [], "outs": [], "ins1": None}
+        c.ctx.reads.clear()
+        ids = self.input_ids[:size]
+        if self.mode == "full":
+            meta = {"query_start_loc": torch.arange(size + 1, dtype=torch.int32, device=c.device),
+                    "state_indices": self.token_slot[:size], "has_initial_state": None,
+                    "num_decodes": size, "num_tokens": size}
+
+            def chain():
+                o0 = c.submod0(ids)
+                c.gdn_core(o0["qkv"], o0["b"], o0["a"], o0["core_out"], meta)
+                return {**o0, **c.submod1(o0["core_out"], o0["z"], o0["residual"])}
+            saved = {k: v.clone() for k, v in c.state().items()}  # warm-up and capture on dummy slots
+            chain()
+            g, out = self.graphs.capture(chain)
+            for k, v in c.state().items():
+                v.copy_(saved[k])
+            cap["graphs"], cap["outs"] = [g], [out]
+        else:
+            if "submod0" not in self.eager_family:
+                c.submod0(ids)  # warm-up
+                g0, o0 = self.graphs.capture(lambda: c.submod0(ids))
+            else:
+                g0, o0 = None, None
+            cap["graphs"].append(g0)
+            cap["outs"].append(o0)
+            src = o0 if o0 is not None else c.submod0(ids)
+            ins = {k: src[k] for k in ("core_out", "z", "residual")}
+            if g0 is None:
+                ins = {k: v.clone() for k, v in ins.items()}  # runner-owned, filled each step
+                cap["ins1"] = ins
+            if "submod1" not in self.eager_family and "moe" not in self.eager_family:
+                c.submod1(**ins)  # warm-up
+                g1, o1 = self.graphs.capture(lambda: c.submod1(**ins))
+            else:
+                g1, o1 = None, None
+                cap["ins1"] = ins
+            cap["graphs"].append(g1)
+            cap["outs"].append(o1)
+        cap["frozen"] = {k: c.ctx.values.get(k) for k in c.ctx.reads}
+        return cap
+
+    def step(self, st):
+        c = self.copy
+        n = len(st["token_ids"])
+        size = self._size(st)
+        self._fill(st, size or n)
+        c.ctx.values["num_actual_tokens"] = n
+        if size is None:
+            o0 = c.submod0(self.input_ids[:n])
+            core = c.gdn_core(o0["qkv"], o0["b"], o0["a"], o0["core_out"], step_meta(st, c.device))
+            return collect(o0, c.submod1(core, o0["z"], o0["residual"]), n, core)
+        cap = self.captured.get(size)
+        if cap is not None:
+            changed = {k: (v, c.ctx.values.get(k)) for k, v in cap["frozen"].items() if c.ctx.values.get(k) != v}
+            if changed:
+                self.notes.append(f"step {st['step']}: size {size} was captured with {cap['frozen']}, now "
+                                  f"{ {k: now for k, (_, now) in changed.items()} } (a graph replays the frozen value)")
+                if "recapture" in self.repairs:
+                    cap = None
+        if cap is None:
+            cap = self.captured[size] = self._capture(size)
+        if self.mode == "full":
+            cap["graphs"][0].replay()
+            o = cap["outs"][0]
+            return collect(o, o, n, o["core_out"])
+        g0, g1 = cap["graphs"]
+        if g0 is not None:
+            g0.replay()
+            o0 = cap["outs"][0]
+        else:
+            o0 = c.submod0(self.input_ids[:size])
+        fresh = c.gdn_core(o0["qkv"][:n], o0["b"][:n], o0["a"][:n], o0["core_out"][:n], step_meta(st, c.device))
+        if fresh.data_ptr() != o0["core_out"].data_ptr() and "copy-inputs" in self.repairs:
+            o0["core_out"][:n].copy_(fresh)  # the splitting op allocated: copy into the captured input
+        ins = cap["ins1"]
+        if ins is not None:
+            for k in ins:
+                if ins[k].data_ptr() != o0[k].data_ptr():
+                    ins[k].copy_(o0[k])
+        if g1 is not None:
+            g1.replay()
+            o1 = cap["outs"][1]
+        else:
+            o1 = c.submod1(fresh, o0["z"][:n], o0["residual"][:n])
+        return collect(o0, o1, n, fresh)
+
+
+# ============================================================================ lockstep
+
+def first_difference(st, eager_out, replay_out, eager, replay):
+    for key in eager_out:
+        a, b = eager_out[key], replay_out[key]
+        if not torch.equal(a, b):
+            bad = ~(a == b).reshape(a.shape[0], -1).all(-1)
+            row = int(bad.int().argmax())
+            acc, rid, slot = 0, None, None
+            for r, s, q in zip(st["request_ids"], st["slots"], st["query_lens"]):
+                if row < acc + q:
+                    rid, slot = r, s
+                    break
+                acc += q
+            island, tensor = key.split(".", 1)
+            return {"step": st["step"], "island": island, "tensor": tensor, "row": row, "request": rid, "slot": slot,
+                    "max_abs": float((a.float() - b.float()).abs().nan_to_num(float("inf")).max())}
+    for name, ta in eager.state().items():
+        tb = replay.state()[name]
+        for slot in sorted(set(st["slots"]) | set(st.get("live_slots", []))):
+            at = slot % ta.shape[0]
+            if not torch.equal(ta[at], tb[at]):
+                rid = next((r for r, s in zip(st["request_ids"], st["slots"]) if s == slot), None)
+                return {"step": st["step"], "island": "gdn_core", "tensor": name, "row": None, "request": rid,
+                        "slot": slot, "max_abs": float((ta[at].float() - tb[at].float()).abs().max())}
+    return None
+
+
+def describe(div):
+    where = f"row {div['row']} " if div["row"] is not None else ""
+    who = f"(request {div['request']}, slot {div['slot']}) " if div["request"] is not None or div["slot"] is not None else ""
+    return f"step {div['step']}: {div['island']}.{div['tensor']} {where}{who}max|diff| {div['max_abs']:.4g}"
+
+
+def main(argv=None) -> int:
+    if SPEC_JSON is None:
+        die("this is the template; `repro report` writes a filled-in copy")
+    spec = json.loads(SPEC_JSON)
+    p = argparse.ArgumentParser(description=spec["title"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "xpu"])
+    p.add_argument("--repair", action="append", nargs="?", const="default", default=[],
+                   help="apply a repair (without NAME: " + (", ".join(spec["default_repairs"]) or "none known") + ")")
+    p.add_argument("--no-hazard", action="store_true", help="run without the planted hazard (a control)")
+    a = p.parse_args(argv)
+
+    hazards = [] if a.no_hazard else list(spec["hazards"])
+    repairs = set(spec["repairs"])
+    for r in a.repair:
+        if r == "default":
+            if not spec["default_repairs"]:
+                die("no repair is known for this divergence")
+            repairs |= set(spec["default_repairs"])
+        elif r not in KNOWN_REPAIRS:
+            die(f"unknown repair {r!r} (known here: {', '.join(KNOWN_REPAIRS)})")
+        else:
+            repairs.add(r)
+    device = pick_device(a.device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+
+    with torch.inference_mode():
+        P = load_weights(spec, device)
+        graphs = Graphs(device)
+        eager_copy, replay_copy = LayerCopy(P, spec, hazards, device), LayerCopy(P, spec, hazards, device)
+        eager = EagerRunner(eager_copy)
+        runner = GraphRunner(replay_copy, graphs, spec, hazards, repairs)
+        w = spec["weights"]
+        print(f"torch {torch.__version__} on {device_name(device)}; graphs: {graphs.api}")
+        print(f"mode {spec['mode']}; hazard {', '.join(hazards) or 'none'}; repair {', '.join(sorted(repairs)) or 'none'}; "
+              f"weights " + (f"regenerated from seed {w['seed']}" if w["source"] == "seed" else f"from {w['file']}"))
+        prev = None
+        for st in spec["steps"]:
+            e = eager.step(st)
+            r = runner.step(st)
+            graphs.synchronize()
+            div = first_difference(st, e, r, eager_copy, replay_copy)
+            if div is not None:
+                print(f"REPRODUCED: replay diverges from eager at {describe(div)}")
+                n = len(st["token_ids"])
+                size = runner._size(st)
+                print(f"  this step: requests {st['request_ids']} slots {st['slots']} query_lens {st['query_lens']}"
+                      + (f", padded to {size}: padded rows' state indices {runner.token_slot[n:size].tolist()}, "
+                         f"input ids {runner.input_ids[n:size].tolist()}" if size else ", run eagerly (not graphed)"))
+                if prev is not None:
+                    print(f"  previous step: requests {prev['request_ids']} slots {prev['slots']} "
+                          f"query_lens {prev['query_lens']}")
+                for note in runner.notes:
+                    print(f"  note: {note}")
+                if spec.get("expected"):
+                    print(f"  the suite recorded: {describe(spec['expected'])}")
+                print("RESULT " + json.dumps({"diverged": True, **div}))
+                return 1
+            prev = st
+    print(f"not reproduced: replay == eager bit for bit over {len(spec['steps'])} steps")
+    print("RESULT " + json.dumps({"diverged": False, "steps": len(spec["steps"])}))
+    return 0
+
+
+def pick_device(want):
+    if want in ("auto", "cuda") and torch.cuda.is_available():
+        return "cuda"
+    if want in ("auto", "xpu"):
+        xpu = getattr(torch, "xpu", None)
+        if xpu is None or not xpu.is_available():
+            try:  # older stacks register the XPU device through IPEX
+                import intel_extension_for_pytorch  # noqa: F401
+            except ImportError:
+                pass
+            xpu = getattr(torch, "xpu", None)
+        if xpu is not None and xpu.is_available():
+            return "xpu"
+    if want in ("auto", "cpu"):
+        return "cpu"
+    die(f"--device {want}: not available here")
+
+
+def device_name(device):
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    if device == "xpu":
+        return torch.xpu.get_device_name()
+    return "cpu"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
