@@ -206,43 +206,9 @@ class GraphRunner:
         self.captures += 1
         with torch.inference_mode():
             if self.mode == "full":
-                chain = self._full_chain(size)
-                with self._protect_state():
-                    self._linted(chain)  # warm-up
-                    g, out = self.provider.capture(chain, self.pool, self.stream)
-                cap.graphs, cap.outs = [g], [self._hold_last(g, out)]
+                self._capture_full(cap)
             else:
-                ids = self.input_ids[:size]
-                if "submod0" not in self.eager_family:
-                    self._linted(lambda: c.submod0(input_ids=ids))  # warm-up
-                    g0, o0 = self.provider.capture(lambda: c.submod0(input_ids=ids), self.pool, self.stream)
-                    o0 = self._hold_first(g0, o0)
-                else:
-                    g0, o0 = None, None
-                cap.graphs.append(g0)
-                cap.outs.append(o0)
-                if o0 is None:
-                    o0 = c.submod0(input_ids=ids)
-                if "clone-outputs" in self.repairs and g0 is not None:
-                    # Runner-owned copies of graph 0's outputs, outside the pool, filled after each
-                    # replay: whoever holds graph 0's outputs holds these, not pool memory.
-                    cap.owned0 = {k: v.clone() for k, v in o0.items() if k != "core_out"}
-                ins = {k: o0[k] for k in ("core_out", "z", "residual")}
-                if g0 is None or "clone-outputs" in self.repairs:
-                    # graph 1 reads runner-owned buffers, filled each step (out of the pool, and
-                    # apart from what holders of graph 0's outputs see)
-                    ins = {k: v.clone() for k, v in ins.items()}
-                    cap.ins1 = ins
-                pool1 = self.provider.new_pool("private") if "private-pool" in self.repairs else self.pool
-                if "submod1" not in self.eager_family and "moe" not in self.eager_family:
-                    self._linted(lambda: c.submod1(**ins))  # warm-up
-                    g1, o1 = self.provider.capture(lambda: c.submod1(**ins), pool1, self.stream)
-                    cap.graphs.append(g1)
-                    cap.outs.append(self._hold_last(g1, o1))
-                else:
-                    cap.graphs.append(None)
-                    cap.outs.append(None)
-                    cap.ins1 = ins
+                self._capture_piecewise(cap)
         after = self._watch()
         for name in before:
             for k, v in after[name].items():
@@ -255,6 +221,47 @@ class GraphRunner:
         ctx = c.ctx.values()
         cap.frozen = {k: ctx.get(k) for k in c.ctx.reads}
         return cap
+
+    def _capture_full(self, cap: _Captured) -> None:
+        chain = self._full_chain(cap.size)
+        with self._protect_state():
+            self._linted(chain)  # warm-up
+            g, out = self.provider.capture(chain, self.pool, self.stream)
+        cap.graphs, cap.outs = [g], [self._hold_last(g, out)]
+
+    def _capture_piecewise(self, cap: _Captured) -> None:
+        c = self.copy
+        ids = self.input_ids[:cap.size]
+        g0 = o0 = None
+        if "submod0" not in self.eager_family:
+            self._linted(lambda: c.submod0(input_ids=ids))  # warm-up
+            g0, o0 = self.provider.capture(lambda: c.submod0(input_ids=ids), self.pool, self.stream)
+            o0 = self._hold_first(g0, o0)
+        cap.graphs.append(g0)
+        cap.outs.append(o0)
+        if o0 is None:
+            o0 = c.submod0(input_ids=ids)
+        clone = "clone-outputs" in self.repairs and g0 is not None
+        if clone:
+            # Runner-owned copies of graph 0's outputs, outside the pool, filled after each
+            # replay: whoever holds graph 0's outputs holds these, not pool memory.
+            cap.owned0 = {k: v.clone() for k, v in o0.items() if k != "core_out"}
+        ins = {k: o0[k] for k in Submod1.inputs}
+        if g0 is None or clone:
+            # graph 1 reads runner-owned buffers filled each step: out of the pool, and apart
+            # from what holders of graph 0's outputs see
+            ins = {k: v.clone() for k, v in ins.items()}
+            cap.ins1 = ins
+        if "submod1" in self.eager_family or "moe" in self.eager_family:
+            cap.graphs.append(None)
+            cap.outs.append(None)
+            cap.ins1 = ins
+            return
+        pool1 = self.provider.new_pool("private") if "private-pool" in self.repairs else self.pool
+        self._linted(lambda: c.submod1(**ins))  # warm-up
+        g1, o1 = self.provider.capture(lambda: c.submod1(**ins), pool1, self.stream)
+        cap.graphs.append(g1)
+        cap.outs.append(self._hold_last(g1, o1))
 
     def _alias_map(self, cap: _Captured) -> None:
         """Graph 0's outputs are held until the end of the step (the splitting op and the caller
