@@ -11,6 +11,7 @@ registers every op and provider, then applies $REPRO_KERNELS once.
 from kernels import registry  # first: the op packages register into it
 from kernels import conv1d, gdn, moe, norms, w8a8_linear  # noqa: F401  (define ops, register providers)
 from kernels import vllm_xpu  # noqa: F401
+from kernels import triton_fast  # noqa: F401  (the `triton` provider; lazy, needs triton + CUDA)
 from kernels import ops
 from kernels.ops import (causal_conv1d_fn, causal_conv1d_update, gated_delta_rule_decode,
                          gated_delta_rule_prefill, gdn_gating, linear, moe_block, quantize_per_token,

@@ -24,6 +24,26 @@ def sigmoid(x: torch.Tensor) -> torch.Tensor:
     return 1.0 / (1.0 + torch.exp(-x))
 
 
+def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Tensor:
+    """Sum along `dim` by pairwise halving with elementwise adds: the order of additions is
+    fixed by the length of `dim` alone. A library reduction (or a batched matmul) may pick
+    another order for another number of rows (split reductions, split-K), so a graph replayed
+    at a padded batch would not match eager at the exact batch bit for bit; seen on an H200 at
+    real dimensions in the GDN decode step."""
+    x = x.movedim(dim, -1)
+    n = x.shape[-1]
+    p = 1 << max(n - 1, 0).bit_length()
+    if p != n:
+        x = torch.nn.functional.pad(x, (0, p - n))  # adding zeros is exact
+    while x.shape[-1] > 1:
+        h = x.shape[-1] // 2
+        x = x[..., :h] + x[..., h:]
+    out = x[..., 0]
+    if keepdim:
+        out = out.unsqueeze(-1).movedim(-1, dim)
+    return out
+
+
 def l2_normalize(x: torch.Tensor, eps: float = QK_L2_EPS) -> torch.Tensor:
-    """x * rsqrt(sum(x^2, -1) + eps), fp32 in, fp32 out."""
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+    """x * rsqrt(sum(x^2, -1) + eps), fp32 in, fp32 out (batch-invariant sum)."""
+    return x * torch.rsqrt(tree_sum(x * x, -1, keepdim=True) + eps)

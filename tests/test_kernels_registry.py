@@ -123,4 +123,4 @@ def test_op_body_dispatches_to_selected_provider_at_call_time():
 def test_describe_lists_everything():
     d = registry.describe()
     assert d["gated_delta_rule_decode"]["selected"] == "torch"
-    assert set(d["gated_delta_rule_decode"]["providers"]) == {"reference", "torch", "fla"}
+    assert set(d["gated_delta_rule_decode"]["providers"]) == {"reference", "torch", "fla", "triton"}

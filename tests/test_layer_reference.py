@@ -3,7 +3,10 @@ fp32 step-by-step implementation of the same GDN layer written here from the mod
 definition (dequantised weights, per-token loops, one request at a time).
 
 The chain quantises activations to int8 per token and keeps bf16 tensors, so the two agree
-within int8/bf16 rounding, not bit for bit: the bound below is a relative L2 error."""
+within int8/bf16 rounding, not bit for bit: the bound below is a relative L2 error per token.
+Top-k routing is discontinuous: a token whose k-th and (k+1)-th router probabilities are
+closer than that rounding can pick another expert in one of the two, so such tokens are held
+to a loose bound only."""
 import math
 
 import pytest
@@ -42,7 +45,10 @@ class ReferenceLayer:
         e = m.experts
         w13 = e.w13.float() * (e.w13_scale[..., None] if e.w13_scale is not None else 1)
         w2 = e.w2.float() * (e.w2_scale[..., None] if e.w2_scale is not None else 1)
+        self.margin = []
         for t in range(x.shape[0]):
+            top = probs[t].topk(c.num_experts_per_tok + 1).values
+            self.margin.append(float((top[-2] - top[-1]) / top[-2]))
             p, idx = probs[t].topk(c.num_experts_per_tok)
             p = p / p.sum()
             for wgt, j in zip(p, idx):
@@ -101,8 +107,12 @@ def test_eager_chain_matches_an_independent_fp32_layer(tiny_path):
     eager = EagerRunner(model.copy())
     batches = default_sequence(seed=3, steps=30).batches()[:12]
     assert any(b.num_decodes for b in batches) and any(b.num_tokens > b.num_decodes for b in batches)
+    checked = 0
     for batch in batches:
         got = eager.step(batch)["submod1.hidden"].float()
         want = ref.step(batch)
-        rel = (got - want).norm() / want.norm()
-        assert rel < 3e-2, (batch.step, float(rel))
+        rel = (got - want).norm(dim=-1) / want.norm(dim=-1)
+        for row, (r, margin) in enumerate(zip(rel.tolist(), ref.margin)):
+            assert r < (5e-2 if margin > 0.05 else 0.5), (batch.step, row, r, margin)
+            checked += margin > 0.05
+    assert checked > 0.9 * sum(b.num_tokens for b in batches)

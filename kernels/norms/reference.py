@@ -4,20 +4,20 @@ from __future__ import annotations
 import torch
 
 from kernels import registry
-from kernels._math import silu
+from kernels._math import silu, tree_sum
 
 
 def rms_norm_reference(x, w, eps):
     """Gemma style: x * rsqrt(mean(x^2) + eps) * (1 + w)."""
     xf = x.float()
-    normed = xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps)
+    normed = xf * torch.rsqrt(tree_sum(xf * xf, -1, keepdim=True) / xf.shape[-1] + eps)
     return (normed * (1.0 + w.float())).to(x.dtype)
 
 
 def rms_norm_gated_reference(x, z, w, eps):
     """Per value head: (w * rmsnorm(x)) * silu(z), plain weight."""
     xf = x.float()
-    normed = xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps)
+    normed = xf * torch.rsqrt(tree_sum(xf * xf, -1, keepdim=True) / xf.shape[-1] + eps)
     return (w.float() * normed * silu(z.float())).to(z.dtype)
 
 

@@ -1,0 +1,546 @@
+"""The Triton kernels of the `triton` provider and their launchers (imported lazily: needs triton).
+
+See `kernels/triton_fast/__init__.py` for what each fuses and how it matches the reference.
+Under `TRITON_INTERPRET=1` the explicitly rounded helpers are plain operators (the interpreter
+has no libdevice); results then agree with the reference to rounding, not bit for bit.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+
+from kernels.moe.common import renormalized, router_probs
+from kernels.moe.vectorized import moe_vectorized, topk_sorted
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+if INTERPRET:
+    @triton.jit
+    def _mul(a, b):
+        return a * b
+
+    @triton.jit
+    def _add(a, b):
+        return a + b
+
+    @triton.jit
+    def _div(a, b):
+        return a / b
+
+    @triton.jit
+    def _exp(x):
+        return tl.exp(x)
+
+    @triton.jit
+    def _log1p(x):
+        return tl.log(1.0 + x)
+
+    @triton.jit
+    def _rint(x):
+        r = tl.floor(x + 0.5)
+        tie = (r - x) == 0.5
+        odd = (r - 2.0 * tl.floor(r * 0.5)) != 0.0
+        return tl.where(tie & odd, r - 1.0, r)
+else:
+    from triton.language.extra import libdevice
+
+    @triton.jit
+    def _mul(a, b):
+        return libdevice.mul_rn(a, b)
+
+    @triton.jit
+    def _add(a, b):
+        return libdevice.add_rn(a, b)
+
+    @triton.jit
+    def _div(a, b):
+        return libdevice.div_rn(a, b)
+
+    @triton.jit
+    def _exp(x):
+        return libdevice.exp(x)
+
+    @triton.jit
+    def _log1p(x):
+        return libdevice.log1p(x)
+
+    @triton.jit
+    def _rint(x):
+        return libdevice.rint(x)
+
+
+@triton.jit
+def _silu(x):
+    """x / (1 + exp(-x)), as kernels/_math.py writes it."""
+    return _div(x, _add(1.0, _exp(-x)))
+
+
+if INTERPRET:
+    @triton.jit
+    def _over_qmax(amax):
+        return amax / 127.0  # torch's CPU kernel divides
+else:
+    @triton.jit
+    def _over_qmax(amax):
+        # `amax / QMAX` in quant.py divides a CUDA tensor by a Python float: torch's CUDA kernel then
+        # multiplies by the fp32 reciprocal (1.0f / 127.0f), which differs from a true division for
+        # about 1 amax in 20. Do the same, so scales (and everything after them) match bit for bit.
+        return libdevice.mul_rn(amax, 0.007874015718698502)  # fp32(1 / 127) exactly
+
+
+@triton.jit
+def _act_scale(amax):
+    """Per-token activation scale: amax / 127, and 1 where that is 0 (quant.py's rule)."""
+    s = _over_qmax(amax)
+    return tl.where(s == 0.0, 1.0, s)
+
+
+@triton.jit
+def _quantize(x, scale):
+    """clamp(round_half_even(x / scale), -128, 127) as fp32 integers."""
+    q = _rint(_div(x, scale))
+    return tl.minimum(tl.maximum(q, -128.0), 127.0)
+
+
+@triton.jit
+def _slot(idx, sentinel, S):
+    """(valid, slot): the row is real unless idx == sentinel; slot = idx mod S, non-negative."""
+    valid = idx != sentinel
+    r = tl.where(valid, idx, 0) % S
+    return valid, tl.where(r < 0, r + S, r)
+
+
+def _np2(n: int) -> int:
+    return triton.next_power_of_2(max(1, int(n)))
+
+
+# --------------------------------------------------------------------------- w8a8_linear
+
+
+def _quick_bench(kernel_call, quantiles):
+    """Autotuning timer: shorter than Triton's default (25 ms warm-up, 100 ms of runs per config)."""
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+
+
+def _configs(space, interpret_pick):
+    """Autotuning configs; under the interpreter only one (autotuning there is pointless)."""
+    if INTERPRET:
+        space = [interpret_pick]
+    return [triton.Config(kw, num_warps=w, num_stages=st) for kw, w, st in space]
+
+
+# BM is 16 (the smallest int8 `tl.dot`): a decode batch of B rows takes ceil(B / 16) row blocks.
+_W8A8_SPACE = [({"BN": 16, "BK": 256}, 4, 3), ({"BN": 32, "BK": 256}, 4, 3), ({"BN": 64, "BK": 256}, 4, 3),
+               ({"BN": 16, "BK": 512}, 4, 3), ({"BN": 32, "BK": 512}, 4, 4), ({"BN": 64, "BK": 128}, 4, 4),
+               ({"BN": 128, "BK": 128}, 4, 3), ({"BN": 16, "BK": 1024}, 8, 2)]
+
+
+@triton.autotune(configs=_configs(_W8A8_SPACE, ({"BN": 16, "BK": 256}, 4, 3)),
+                 key=["N", "K", "MB"], do_bench=_quick_bench)
+@triton.jit
+def _w8a8_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, o_ptr, M, N, K, sxm, swn, som, MB,
+                 HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    mm = rm < M
+    nm = rn < N
+    amax = tl.zeros((BM,), tl.float32)
+    for k0 in range(0, K, BK):
+        km = (k0 + rk) < K
+        xv = tl.load(x_ptr + rm[:, None] * sxm + (k0 + rk)[None, :], mask=mm[:, None] & km[None, :], other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(xv.to(tl.float32)), axis=1))
+    scale = _act_scale(amax)
+    acc = tl.zeros((BM, BN), tl.int32)
+    for k0 in range(0, K, BK):
+        km = (k0 + rk) < K
+        xv = tl.load(x_ptr + rm[:, None] * sxm + (k0 + rk)[None, :], mask=mm[:, None] & km[None, :], other=0.0)
+        q = _quantize(xv.to(tl.float32), scale[:, None]).to(tl.int8)
+        wv = tl.load(w_ptr + rn[:, None] * swn + (k0 + rk)[None, :], mask=nm[:, None] & km[None, :], other=0)
+        acc += tl.dot(q, tl.trans(wv), out_dtype=tl.int32)
+    ws = tl.load(ws_ptr + rn, mask=nm, other=0.0).to(tl.float32)
+    out = _mul(_mul(acc.to(tl.float32), scale[:, None]), ws[None, :])
+    if HAS_BIAS:
+        out = _add(out, tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :])
+    tl.store(o_ptr + rm[:, None] * som + rn[None, :], out.to(o_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+
+
+# Few rows (decode): one program per (row, block of output channels), int32 products summed per row
+# (the routed experts' kernel's scheme, which streamed weights at > 1 TB/s on an H200); more rows:
+# `_w8a8_kernel`'s int8 `tl.dot` tiles, which read each weight tile once per 16 rows.
+ROWS_MAX_M = 8
+_ROWS_SPACE = [({"BN": 8, "BK": 512}, 4, 2), ({"BN": 16, "BK": 512}, 4, 2), ({"BN": 32, "BK": 512}, 4, 2),
+               ({"BN": 8, "BK": 1024}, 4, 2), ({"BN": 16, "BK": 1024}, 8, 2), ({"BN": 32, "BK": 256}, 4, 3)]
+
+
+@triton.autotune(configs=_configs(_ROWS_SPACE, ({"BN": 16, "BK": 512}, 4, 2)),
+                 key=["N", "K", "MB"], do_bench=_quick_bench)
+@triton.jit
+def _w8a8_rows_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, o_ptr, N, K, sx, swn, so, MB,
+                      HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rk = tl.arange(0, BK)
+    amax = tl.zeros((BK,), tl.float32)
+    for k0 in range(0, K, BK):
+        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(xv))
+    scale = _act_scale(tl.max(amax, axis=0))
+    rn = pid_n * BN + tl.arange(0, BN)
+    nm = rn < N
+    acc = tl.zeros((BN,), tl.int32)
+    for k0 in range(0, K, BK):
+        km = (k0 + rk) < K
+        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=km, other=0.0).to(tl.float32)
+        q = _quantize(xv, scale).to(tl.int32)
+        wv = tl.load(w_ptr + rn[:, None] * swn + (k0 + rk)[None, :], mask=nm[:, None] & km[None, :], other=0)
+        acc += tl.sum(wv.to(tl.int32) * q[None, :], axis=1)
+    ws = tl.load(ws_ptr + rn, mask=nm, other=0.0).to(tl.float32)
+    out = _mul(_mul(acc.to(tl.float32), scale), ws)
+    if HAS_BIAS:
+        out = _add(out, tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32))
+    tl.store(o_ptr + t * so + rn, out.to(o_ptr.dtype.element_ty), mask=nm)
+
+
+def w8a8_linear(x, w, w_scale, bias):
+    M, K = x.shape
+    N = w.shape[0]
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out
+    x = x.contiguous()
+    w = w.contiguous()
+    ws = w_scale.reshape(-1).float().contiguous()
+    b = bias if bias is not None else ws
+    if M <= ROWS_MAX_M:
+        _w8a8_rows_kernel[lambda meta: (M, triton.cdiv(N, meta["BN"]))](
+            x, w, ws, b, out, N, K, x.stride(0), w.stride(0), out.stride(0), _np2(M), HAS_BIAS=bias is not None)
+        return out
+    BM = 16
+    grid = lambda meta: (triton.cdiv(N, meta["BN"]), triton.cdiv(M, BM))  # noqa: E731
+    _w8a8_kernel[grid](x, w, ws, b, out, M, N, K, x.stride(0), w.stride(0),
+                       out.stride(0), _np2(min(M, 64)), HAS_BIAS=bias is not None, BM=BM)
+    return out
+
+
+# --------------------------------------------------------------------------- moe
+
+
+_UP_SPACE = [({"BN": 8, "BK": 512}, 4, 2), ({"BN": 16, "BK": 512}, 4, 2), ({"BN": 32, "BK": 512}, 4, 2),
+             ({"BN": 8, "BK": 1024}, 4, 2), ({"BN": 16, "BK": 1024}, 8, 2), ({"BN": 32, "BK": 256}, 4, 3)]
+_DOWN_SPACE = [({"BN": 8}, 4, 2), ({"BN": 16}, 4, 2), ({"BN": 32}, 4, 2), ({"BN": 64}, 8, 2), ({"BN": 16}, 8, 2)]
+
+
+@triton.autotune(configs=_configs(_UP_SPACE, ({"BN": 16, "BK": 512}, 4, 2)),
+                 key=["H", "I", "PB"], do_bench=_quick_bench)
+@triton.jit
+def _moe_up_kernel(x_ptr, ids_ptr, w_ptr, ws_ptr, act_ptr, H, I, top_k, sx, swe, swn, swse, sact, PB,
+                   HAS_IDS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Pair p = t * top_k + j: quantise x[t], gate/up rows of its expert, SiLU-and-mul -> act[p]."""
+    p = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    t = p // top_k
+    if HAS_IDS:
+        e = tl.load(ids_ptr + p).to(tl.int64)
+    else:
+        e = 0
+    rk = tl.arange(0, BK)
+    amax = tl.zeros((BK,), tl.float32)
+    for k0 in range(0, H, BK):
+        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=(k0 + rk) < H, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(xv))
+    scale = _act_scale(tl.max(amax, axis=0))
+    rn = pid_n * BN + tl.arange(0, BN)
+    nm = rn < I
+    wbase = w_ptr + e * swe
+    acc_g = tl.zeros((BN,), tl.int32)
+    acc_u = tl.zeros((BN,), tl.int32)
+    for k0 in range(0, H, BK):
+        km = (k0 + rk) < H
+        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=km, other=0.0).to(tl.float32)
+        q = _quantize(xv, scale).to(tl.int32)
+        m2 = nm[:, None] & km[None, :]
+        wg = tl.load(wbase + rn[:, None] * swn + (k0 + rk)[None, :], mask=m2, other=0).to(tl.int32)
+        wu = tl.load(wbase + (rn + I)[:, None] * swn + (k0 + rk)[None, :], mask=m2, other=0).to(tl.int32)
+        acc_g += tl.sum(wg * q[None, :], axis=1)
+        acc_u += tl.sum(wu * q[None, :], axis=1)
+    sg = tl.load(ws_ptr + e * swse + rn, mask=nm, other=0.0).to(tl.float32)
+    su = tl.load(ws_ptr + e * swse + I + rn, mask=nm, other=0.0).to(tl.float32)
+    dt = act_ptr.dtype.element_ty
+    hg = _mul(_mul(acc_g.to(tl.float32), scale), sg).to(dt).to(tl.float32)
+    hu = _mul(_mul(acc_u.to(tl.float32), scale), su).to(dt).to(tl.float32)
+    tl.store(act_ptr + p * sact + rn, _mul(_silu(hg), hu).to(dt), mask=nm)
+
+
+@triton.jit
+def _down_row(a_ptr, w_ptr, ws_ptr, rn, nm, I, swn, BI: tl.constexpr):
+    """Quantise the activation row at a_ptr, its down rows rn -> y (fp32 of the bf16 result)."""
+    ri = tl.arange(0, BI)
+    im = ri < I
+    a = tl.load(a_ptr + ri, mask=im, other=0.0).to(tl.float32)
+    sc = _act_scale(tl.max(tl.abs(a), axis=0))
+    q = _quantize(a, sc).to(tl.int32)
+    w = tl.load(w_ptr + rn[:, None] * swn + ri[None, :], mask=nm[:, None] & im[None, :], other=0).to(tl.int32)
+    acc = tl.sum(w * q[None, :], axis=1)
+    ws = tl.load(ws_ptr + rn, mask=nm, other=0.0).to(tl.float32)
+    return _mul(_mul(acc.to(tl.float32), sc), ws)
+
+
+@triton.autotune(configs=_configs(_DOWN_SPACE, ({"BN": 16}, 4, 2)),
+                 key=["H", "I", "TB"], do_bench=_quick_bench)
+@triton.jit
+def _moe_down_kernel(act_ptr, acts_ptr, ids_ptr, wt_ptr, w2_ptr, w2s_ptr, sw2_ptr, sw2s_ptr, gl_ptr, o_ptr,
+                     H, I, Is, top_k, s_act, s_acts, s_w2e, s_w2n, s_w2se, s_sw2n, s_gl, s_o, TB,
+                     BN: tl.constexpr, BI: tl.constexpr, BIS: tl.constexpr):
+    """Token t, output columns rn: sum_j w_j * down_e(act[t, j]) in j order, + sigmoid(gate) * shared."""
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rn = pid_n * BN + tl.arange(0, BN)
+    nm = rn < H
+    dt = o_ptr.dtype.element_ty
+    routed = tl.full((BN,), -0.0, tl.float32)  # -0 + x == x for every x, as the reference's first term
+    for j in range(0, top_k):
+        p = t * top_k + j
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        y = _down_row(act_ptr + p * s_act, w2_ptr + e * s_w2e, w2s_ptr + e * s_w2se, rn, nm, I, s_w2n, BI)
+        routed = _add(routed, _mul(tl.load(wt_ptr + p), y.to(dt).to(tl.float32)))
+    ys = _down_row(acts_ptr + t * s_acts, sw2_ptr, sw2s_ptr, rn, nm, Is, s_sw2n, BIS)
+    gl = tl.load(gl_ptr + t * s_gl).to(tl.float32)
+    gate = _div(1.0, _add(1.0, _exp(-gl)))
+    out = _add(routed, _mul(gate, ys.to(dt).to(tl.float32)))
+    tl.store(o_ptr + t * s_o + rn, out.to(dt), mask=nm)
+
+
+def moe(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale, shared_w2, shared_w2_scale,
+        shared_gate_w, top_k, renormalize):
+    if w13_scale is None or shared_w13_scale is None or shared_w2_scale is None or w2_scale is None:
+        return moe_vectorized(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
+                              shared_w2, shared_w2_scale, shared_gate_w, top_k, renormalize)
+    T, H = x.shape
+    out = torch.empty_like(x)
+    if T == 0:
+        return out
+    x = x.contiguous()
+    weights, ids = topk_sorted(router_probs(x, router_w), top_k)
+    # contiguous before the sum: the reference sums a contiguous [T, k] (same reduction, same bits)
+    weights = renormalized(weights.contiguous(), renormalize).float().contiguous()
+    ids = ids.contiguous()
+    E, I2, _ = w13.shape
+    I = I2 // 2
+    Is = shared_w13.shape[0] // 2
+    w13, w2 = w13.contiguous(), w2.contiguous()
+    w13s, w2s = w13_scale.float().contiguous(), w2_scale.float().contiguous()
+    sw13, sw2 = shared_w13.contiguous(), shared_w2.contiguous()
+    sw13s, sw2s = shared_w13_scale.reshape(-1).float().contiguous(), shared_w2_scale.reshape(-1).float().contiguous()
+    P = T * top_k
+    act = torch.empty(P, I, dtype=x.dtype, device=x.device)
+    _moe_up_kernel[lambda meta: (P, triton.cdiv(I, meta["BN"]))](
+        x, ids, w13, w13s, act, H, I, top_k, x.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0),
+        act.stride(0), _np2(min(P, 256)), HAS_IDS=True)
+    acts = torch.empty(T, Is, dtype=x.dtype, device=x.device)
+    _moe_up_kernel[lambda meta: (T, triton.cdiv(Is, meta["BN"]))](
+        x, ids, sw13, sw13s, acts, H, Is, 1, x.stride(0), 0, sw13.stride(0), 0, acts.stride(0), _np2(min(T, 256)),
+        HAS_IDS=False)
+    gate_logit = torch.nn.functional.linear(x, shared_gate_w)  # [T, 1], the reference's bf16 matmul
+    _moe_down_kernel[lambda meta: (T, triton.cdiv(H, meta["BN"]))](
+        act, acts, ids, weights, w2, w2s, sw2, sw2s, gate_logit, out, H, I, Is, top_k, act.stride(0),
+        acts.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), sw2.stride(0), gate_logit.stride(0),
+        out.stride(0), _np2(min(T, 64)), BI=_np2(I), BIS=_np2(Is))
+    return out
+
+
+# --------------------------------------------------------------------------- norms
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, H, sx, so, eps, BH: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BH)
+    m = offs < H
+    x = tl.load(x_ptr + row * sx + offs, mask=m, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(o_ptr + row * so + offs, ((x * r) * (1.0 + w)).to(o_ptr.dtype.element_ty), mask=m)
+
+
+def rms_norm(x, w, eps):
+    H = x.shape[-1]
+    x2 = x.reshape(-1, H).contiguous()
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](x2, w, out, H, x2.stride(0), out.stride(0), float(eps), BH=_np2(H),
+                                          num_warps=4 if H >= 1024 else 1)
+    return out.reshape(x.shape)
+
+
+@triton.jit
+def _rms_norm_gated_kernel(x_ptr, z_ptr, w_ptr, o_ptr, D, eps, BD: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BD)
+    m = offs < D
+    x = tl.load(x_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    out = _mul(_mul(w, x * r), _silu(z))
+    tl.store(o_ptr + row * D + offs, out.to(o_ptr.dtype.element_ty), mask=m)
+
+
+def rms_norm_gated(x, z, w, eps):
+    D = x.shape[-1]
+    x2, z2 = x.reshape(-1, D).contiguous(), z.reshape(-1, D).contiguous()
+    out = torch.empty(z2.shape, dtype=z.dtype, device=x.device)
+    if x2.shape[0]:
+        _rms_norm_gated_kernel[(x2.shape[0],)](x2, z2, w, out, D, float(eps), BD=_np2(D), num_warps=1)
+    return out.reshape(x.shape)
+
+
+# --------------------------------------------------------------------------- GDN
+
+
+@triton.jit
+def _last_claimant(b, slot, valid, idx_ptr, B, S, sentinel, BB: tl.constexpr):
+    """Whether row b writes its slot: valid and no later valid row names the same slot."""
+    rb = tl.arange(0, BB)
+    others = tl.load(idx_ptr + rb, mask=rb < B, other=sentinel).to(tl.int64)
+    ov, os_ = _slot(others, sentinel, S)
+    later = (rb > b) & (rb < B) & ov & (os_ == slot)
+    return valid & (tl.sum(later.to(tl.int32), axis=0) == 0)
+
+
+@triton.jit
+def _conv_update_kernel(x_ptr, w_ptr, st_ptr, idx_ptr, y_ptr, B, C, S, sentinel, sxb, swc, sss, ssc, syb,
+                        BC: tl.constexpr, BB: tl.constexpr):
+    """Kernel width 4 (3 state columns): y = silu(c0 w0 + c1 w1 + c2 w2 + x w3), state <- (c1, c2, x)."""
+    rc = tl.program_id(0) * BC + tl.arange(0, BC)
+    cm = rc < C
+    w0 = tl.load(w_ptr + rc * swc + 0, mask=cm, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + rc * swc + 1, mask=cm, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + rc * swc + 2, mask=cm, other=0.0).to(tl.float32)
+    w3 = tl.load(w_ptr + rc * swc + 3, mask=cm, other=0.0).to(tl.float32)
+    for b in range(0, B):
+        idx = tl.load(idx_ptr + b).to(tl.int64)
+        valid, slot = _slot(idx, sentinel, S)
+        write = _last_claimant(b, slot, valid, idx_ptr, B, S, sentinel, BB)
+        base = st_ptr + slot * sss + rc * ssc
+        c0 = tl.load(base + 0, mask=cm, other=0.0)
+        c1 = tl.load(base + 1, mask=cm, other=0.0)
+        c2 = tl.load(base + 2, mask=cm, other=0.0)
+        xv = tl.load(x_ptr + b * sxb + rc, mask=cm, other=0.0)
+        acc = _mul(c0.to(tl.float32), w0)
+        acc = _add(acc, _mul(c1.to(tl.float32), w1))
+        acc = _add(acc, _mul(c2.to(tl.float32), w2))
+        acc = _add(acc, _mul(xv.to(tl.float32), w3))
+        y = tl.where(valid, _silu(acc), 0.0)
+        tl.store(y_ptr + b * syb + rc, y.to(y_ptr.dtype.element_ty), mask=cm)
+        wm = cm & write
+        tl.store(base + 0, c1, mask=wm)
+        tl.store(base + 1, c2, mask=wm)
+        tl.store(base + 2, xv.to(st_ptr.dtype.element_ty), mask=wm)
+
+
+def causal_conv1d_update(x, weight, conv_state, state_indices, sentinel):
+    B, C = x.shape
+    w = weight.reshape(weight.shape[0], weight.shape[-1])
+    if w.shape[1] != 4 or not conv_state.is_contiguous():
+        from kernels.conv1d.vectorized import causal_conv1d_update_vectorized
+        return causal_conv1d_update_vectorized(x, weight, conv_state, state_indices, sentinel)
+    y = torch.empty(B, C, dtype=x.dtype, device=x.device)
+    if B == 0:
+        return y
+    x = x if x.stride(1) == 1 else x.contiguous()
+    w = w.contiguous()
+    idx = state_indices.contiguous()
+    BC = 256
+    _conv_update_kernel[(triton.cdiv(C, BC),)](x, w, conv_state, idx, y, B, C, conv_state.shape[0], int(sentinel),
+                                               x.stride(0), w.stride(0), conv_state.stride(0), conv_state.stride(1),
+                                               y.stride(0), BC=BC, BB=_np2(B), num_warps=4)
+    return y
+
+
+@triton.jit
+def _gating_kernel(A_ptr, a_ptr, dt_ptr, b_ptr, g_ptr, beta_ptr, N, HV, sa, sb, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    t = offs // HV
+    h = offs % HV
+    A = tl.load(A_ptr + h, mask=m, other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptr + h, mask=m, other=0.0).to(tl.float32)
+    av = tl.load(a_ptr + t * sa + h, mask=m, other=0.0).to(tl.float32)
+    bv = tl.load(b_ptr + t * sb + h, mask=m, other=0.0).to(tl.float32)
+    x = _add(av, dt)
+    sp = tl.where(x > 20.0, x, _log1p(_exp(x)))
+    tl.store(g_ptr + offs, _mul(-_exp(A), sp), mask=m)
+    tl.store(beta_ptr + offs, _div(1.0, _add(1.0, _exp(-bv))), mask=m)
+
+
+def gdn_gating(A_log, a, dt_bias, b):
+    T, Hv = a.shape
+    g = torch.empty(T, Hv, dtype=torch.float32, device=a.device)
+    beta = torch.empty(T, Hv, dtype=torch.float32, device=a.device)
+    if T == 0:
+        return g, beta
+    a = a if a.stride(1) == 1 else a.contiguous()
+    b = b if b.stride(1) == 1 else b.contiguous()
+    BLOCK = 256
+    _gating_kernel[(triton.cdiv(T * Hv, BLOCK),)](A_log.contiguous(), a, dt_bias.contiguous(), b, g, beta, T * Hv, Hv,
+                                                 a.stride(0), b.stride(0), BLOCK=BLOCK, num_warps=4)
+    return g, beta
+
+
+@triton.jit
+def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_ptr, B, S, sentinel,
+                       sqb, sqh, skb, skh, svb, svh, sgb, sbb, sob, soh, ss_s, ss_h, scale,
+                       GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                       BB: tl.constexpr):
+    """Value head h, value columns rv of every row b in order: one recurrent step on its slot."""
+    h = tl.program_id(0)
+    rv = tl.program_id(1) * BV + tl.arange(0, BV)
+    vm = rv < DV
+    rk = tl.arange(0, DK)
+    kh = h // GROUP
+    for b in range(0, B):
+        idx = tl.load(idx_ptr + b).to(tl.int64)
+        valid, slot = _slot(idx, sentinel, S)
+        write = _last_claimant(b, slot, valid, idx_ptr, B, S, sentinel, BB)
+        q = tl.load(q_ptr + b * sqb + kh * sqh + rk).to(tl.float32)
+        k = tl.load(k_ptr + b * skb + kh * skh + rk).to(tl.float32)
+        q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)) * scale
+        k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6))
+        sp = s_ptr + slot * ss_s + h * ss_h + rk[:, None] * DV + rv[None, :]
+        st = tl.load(sp, mask=vm[None, :], other=0.0)
+        st = st * tl.exp(tl.load(g_ptr + b * sgb + h).to(tl.float32))
+        v = tl.load(v_ptr + b * svb + h * svh + rv, mask=vm, other=0.0).to(tl.float32)
+        delta = tl.load(beta_ptr + b * sbb + h).to(tl.float32) * (v - tl.sum(k[:, None] * st, axis=0))
+        st = st + k[:, None] * delta[None, :]
+        o = tl.where(valid, tl.sum(q[:, None] * st, axis=0), 0.0)
+        tl.store(o_ptr + b * sob + h * soh + rv, o.to(o_ptr.dtype.element_ty), mask=vm)
+        tl.store(sp, st, mask=vm[None, :] & write)
+
+
+def gated_delta_rule_decode(q, k, v, g, beta, ssm_state, state_indices, sentinel):
+    B, Hk, dk = q.shape
+    Hv, dv = v.shape[1:]
+    o = torch.empty(B, Hv, dv, dtype=v.dtype, device=v.device)
+    if B == 0:
+        return o
+    if ssm_state.dtype != torch.float32 or not ssm_state.is_contiguous() or dk != _np2(dk) or \
+            q.stride(2) != 1 or k.stride(2) != 1 or v.stride(2) != 1:
+        from kernels.gdn.vectorized import gated_delta_rule_decode_vectorized
+        return gated_delta_rule_decode_vectorized(q, k, v, g, beta, ssm_state, state_indices, sentinel)
+    g, beta = g.float().contiguous(), beta.float().contiguous()
+    idx = state_indices.contiguous()
+    BV = min(32, _np2(dv))
+    grid = (Hv, triton.cdiv(dv, BV))
+    _gdn_decode_kernel[grid](q, k, v, g, beta, ssm_state, idx, o, B, ssm_state.shape[0], int(sentinel),
+                             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                             g.stride(0), beta.stride(0), o.stride(0), o.stride(1), ssm_state.stride(0),
+                             ssm_state.stride(1), dk ** -0.5, GROUP=Hv // Hk, DK=dk, DV=dv, BV=BV, BB=_np2(B),
+                             num_warps=4)
+    return o
