@@ -645,8 +645,12 @@ def bench_cli(a) -> int:
     batches = parse_batches(a.batches)
     if a.plot:
         pyplot()  # fail before the work, not after
-    if a.kernels:
-        registry.configure(a.kernels)
+    with registry.using(**registry.parse(a.kernels or "")):
+        return _bench(a, batches)
+
+
+def _bench(a, batches) -> int:
+    from .graphs import make_provider
     provider = make_provider(a.device)
     path = Path(a.model) if a.model else checkpoint_for(a.preset, provider.device)
     modes = (a.mode,) if a.mode else MODES

@@ -156,7 +156,8 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--sentinel", type=int, choices=[-1, 0], default=0, help="the kernels' pad sentinel")
         s.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks (forced_comm)")
         s.add_argument("--json", help="write results here")
-        s.add_argument("--report", metavar="DIR", help="also write a bug report (REPORT.md, env.txt, repro_standalone.py) here")
+        s.add_argument("--report", metavar="DIR",
+                       help="also write a bug report here (REPORT.md, env.txt, repro_standalone.py)")
 
     s = sub.add_parser("run", help="the main job: lockstep eager vs replay, baseline and hazards")
     common(s)
@@ -179,6 +180,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--layer", type=int, default=None, help="the --layer the result was run with (default: first GDN)")
     s.add_argument("--sentinel", type=int, choices=[-1, 0], default=None, help="the --sentinel the result was run with")
     s.add_argument("--seed", type=int, default=0, help="seed of the standalone script's random weights")
+    s.add_argument("--weights", choices=["auto", "seed", "embed"], default="auto",
+                   help="standalone weights: seeded if that reproduces (auto), always seeded, or embedded")
     s.add_argument("--no-verify", action="store_true", help="do not run the standalone script here")
     s.set_defaults(fn=_report)
 

@@ -14,6 +14,7 @@ is renamed into place only when complete.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -150,8 +151,7 @@ def steps_that_ran(doc: dict, r: dict, sentinel: int | None):
     explicit = [dict(s) for s in seq.steps]
     candidates = [explicit] if explicit else []
     if seq.requests:
-        bare = Sequence(requests=seq.requests, num_slots=seq.num_slots, max_tokens=seq.max_tokens,
-                        vocab=seq.vocab, seed=seq.seed)
+        bare = dataclasses.replace(seq, steps=[])
         scheduled = [b.to_json() for b in bare.batches(
             None if _kernel_sentinel(r, sentinel) == 0 else range(seq.num_slots))]
         if "minimal_sequence" not in doc and _kernel_sentinel(r, sentinel) != 0:
@@ -198,7 +198,7 @@ class RepairRow:
         return None
 
 
-def repair_rows(doc: dict, r: dict, steps, seqj, model, sentinel: int | None, notes: list) -> list[RepairRow]:
+def repair_rows(doc: dict, r: dict, steps, seqj, model, sentinel: int | None) -> list[RepairRow]:
     """Repairs of the planted hazards: from the result when it has them, else run here on the CPU."""
     rows: list[RepairRow] = []
     same = [x for x in doc["results"] if x["island"] == r["island"] and x["mode"] == r["mode"]
@@ -219,8 +219,6 @@ def repair_rows(doc: dict, r: dict, steps, seqj, model, sentinel: int | None, no
     if not wanted:
         return rows
     if model is None:
-        notes.append("the checkpoint the result names is not on this machine, so the repairs "
-                     f"({', '.join(wanted)}) were not run here")
         for rep in wanted:
             rows.append(RepairRow(rep, None, None, None, "not run", "checkpoint not found here"))
         return rows
@@ -413,7 +411,7 @@ class Check:
             r = self.result
             where = f"{r['island']}.{r['tensor']}" + (f" row {r['row']}" if r.get("row") is not None else "") + \
                     (f" slot {r['slot']}" if r.get("slot") is not None else "")
-            return f"exit {self.rc}: diverged at step {r['step']} in {where}, max|diff| {r['max_abs']:.4g}"
+            return f"exit {self.rc}: diverged at step {r['step']} in {where}, max abs diff {r['max_abs']:.4g}"
         return f"exit {self.rc}: replay == eager over every step"
 
 
@@ -457,11 +455,16 @@ class Standalone:
     weights: str = ""  # "seed N" or "embedded"
     checks: list = field(default_factory=list)  # (label, Check)
     reproduces: bool | None = None
+    seed_failed: bool = False
     same_place: bool | None = None
     notes: list = field(default_factory=list)
 
 
-def make_standalone(folder: Path, doc, r, steps, seqj, model, sentinel, title, verify: bool, seed: int) -> Standalone:
+def make_standalone(folder: Path, doc, r, steps, seqj, model, sentinel, title, verify: bool, seed: int,
+                    weights: str = "auto") -> Standalone:
+    """Write the script. weights="auto": seeded random weights when the script, run here, gives the
+    recorded outcome at the recorded place; else the layer's tensors embedded beside it (when the
+    checkpoint is here and small enough). "seed" / "embed" force one."""
     why = standalone_gap(r)
     if why:
         return Standalone(False, why)
@@ -469,42 +472,55 @@ def make_standalone(folder: Path, doc, r, steps, seqj, model, sentinel, title, v
     expect_rc = 1 if r["diverged"] else 0
     script = folder / SCRIPT
     spec = build_spec(doc, r, steps, seqj, model, sentinel, title, {"source": "seed", "seed": seed})
-    script.write_text(render_script(spec))
     out = Standalone(True, weights=f"seed {seed}")
-    if not verify:
-        out.notes.append("not run here (--no-verify): weights regenerated from a seed without checking")
-        return out
-    device = _verify_device(doc)
-    chk = run_script(folder, device)
-    out.checks.append(("as generated, weights from seed", chk))
-    ok = chk.rc == expect_rc and (fd is None or _same_place(chk, fd))
-    if not ok and model is not None:
+
+    def faithful(c: Check) -> bool:
+        return c.rc == expect_rc and (fd is None or _same_place(c, fd))
+
+    def embed() -> bool:
+        if model is None:
+            out.notes.append("the checkpoint is not readable here: the weights cannot be embedded")
+            return False
         tensors = _embedded_tensors(model, spec["embed_ids"])
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         if size > EMBED_LIMIT:
             out.notes.append(f"the layer's tensors take {size >> 20} MiB, over the {EMBED_LIMIT >> 20} MiB an "
-                             "attachment may take: kept the seeded weights")
-        else:
-            from safetensors.torch import save_file
-            save_file(tensors, str(folder / WEIGHTS))
-            spec["weights"] = {"source": "file", "file": WEIGHTS, "bytes": size}
+                             "attachment may take: the weights stay seeded")
+            return False
+        from safetensors.torch import save_file
+        save_file(tensors, str(folder / WEIGHTS))
+        os.chmod(folder / WEIGHTS, 0o644)
+        spec["weights"] = {"source": "file", "file": WEIGHTS, "bytes": size}
+        script.write_text(render_script(spec))
+        out.weights = "embedded"
+        return True
+
+    script.write_text(render_script(spec))
+    if weights == "embed":
+        embed()
+    if not verify:
+        out.notes.append(f"not run here (--no-verify): the weights are {out.weights} and were not checked")
+        return out
+    device = _verify_device(doc)
+    chk = run_script(folder, device)
+    out.checks.append((f"as generated, weights {'embedded' if out.weights == 'embedded' else 'from seed'}", chk))
+    if weights == "auto" and not faithful(chk):
+        out.seed_failed = True
+    if weights == "auto" and not faithful(chk) and embed():
+        chk2 = run_script(folder, device)
+        out.checks.append(("with the layer's weights embedded", chk2))
+        if faithful(chk2) or not chk.rc == expect_rc:
+            chk = chk2
+        else:  # the seeded weights came closer: back to them
+            (folder / WEIGHTS).unlink()
+            spec["weights"] = {"source": "seed", "seed": seed}
             script.write_text(render_script(spec))
-            chk2 = run_script(folder, device)
-            out.checks.append(("with the layer's weights embedded", chk2))
-            ok2 = chk2.rc == expect_rc and (fd is None or _same_place(chk2, fd))
-            if ok2 or chk2.rc == expect_rc or chk.rc != expect_rc:
-                out.weights, chk = "embedded", chk2
-                ok = ok2
-            else:  # seeded weights did better: go back to them
-                (folder / WEIGHTS).unlink()
-                spec["weights"] = {"source": "seed", "seed": seed}
-                script.write_text(render_script(spec))
+            out.weights = f"seed {seed}"
     out.reproduces = chk.rc == expect_rc if chk.rc is not None else None
-    out.same_place = ok if fd is not None else None
+    out.same_place = faithful(chk) if fd is not None else None
     if spec["default_repairs"] and r["diverged"]:
-        out.checks.append((f"with --repair ({', '.join(spec['default_repairs'])})", run_script(folder, device, ["--repair"])))
-    if spec["hazards"] and r["diverged"]:
-        out.checks.append(("with --no-hazard (control)", run_script(folder, device, ["--no-hazard"])))
+        label = f"with --repair ({', '.join(spec['default_repairs'])})"
+        out.checks.append((label, run_script(folder, device, ["--repair"])))
     return out
 
 
@@ -546,7 +562,8 @@ def _explain(r: dict, fd: dict | None, sentinel: int) -> list[str]:
                    f"{this.get('padded_to')}. The padded rows' state indices were {pads} and their token ids "
                    f"{this.get('pad_input_ids')}: values left in the persistent buffers by step {prev.get('step')} "
                    f"(slots {prev.get('slots')}, query lens {prev.get('query_lens')}), not the sentinel {sentinel}. "
-                   f"The captured GDN decode treated them as live rows and wrote their state into slot {fd.get('slot')} "
+                   "The captured GDN decode treated them as live rows and wrote their state into slot "
+                   f"{fd.get('slot')} "
                    f"(the last writer of a slot wins), clobbering request {fd.get('request')}'s {fd.get('tensor')}.")
     if "pad-sentinel-mismatch" in hs and pads is not None:
         out.append(f"The runner padded the state indices with {pads[:1] or ['?']} while the kernel skips only "
@@ -555,10 +572,12 @@ def _explain(r: dict, fd: dict | None, sentinel: int) -> list[str]:
                    f"{fd.get('tensor')}.")
     if "frozen-python-state" in hs:
         details = [f["detail"] for f in r.get("findings", []) if f.get("kind") == "python-state"]
+        details.sort(key=lambda d: f"size {this.get('padded_to')} " not in d)  # this step's size first
         out.append(f"The MoE trims its rows to the forward context's `num_actual_tokens`, a Python int read while "
                    f"the graph was captured. At step {fd.get('step')} the step had {sum(this.get('query_lens', []))} "
                    f"tokens but the replay used the frozen count, so row {fd.get('row')} of "
-                   f"{fd.get('island')}.{fd.get('tensor')} differs." + (f" Capture-time finding: {details[0]}" if details else ""))
+                   f"{fd.get('island')}.{fd.get('tensor')} differs."
+                   + (f" Capture-time finding: {details[0]}" if details else ""))
     if "fresh-alloc-split-op" in hs:
         out.append("The eager splitting op (`gdn_core`) returned a freshly allocated `core_out` instead of writing "
                    "the buffer graph 1 was captured with; the replayed graph 1 read the captured address, which "
@@ -571,7 +590,7 @@ def _explain(r: dict, fd: dict | None, sentinel: int) -> list[str]:
 
 
 def render_markdown(doc, r, idx, steps, seqj, source, rows, sa: Standalone, notes, command, result_path,
-                    replay_cmd, title, sentinel, layer) -> str:
+                    replay_cmd, title, sentinel, layer, model_here: bool = True) -> str:
     fd = r["first_divergence"] if r["diverged"] else None
     micro = r.get("microscope") or fd or {}
     L = [f"# {title}", ""]
@@ -589,9 +608,11 @@ def render_markdown(doc, r, idx, steps, seqj, source, rows, sa: Standalone, note
           f"| repairs applied | {', '.join(f'`{x}`' for x in r['repairs']) or 'none'} |",
           f"| graph provider | `{doc.get('graph_provider', '?')}` on {doc.get('device', '?')} |",
           f"| torch | {doc.get('torch', '?')} |",
-          f"| checkpoint | `{doc.get('checkpoint', '?')}` (layer {layer if layer is not None else 'the first GDN layer'}) |",
+          f"| checkpoint | `{doc.get('checkpoint', '?')}` "
+          f"(layer: {layer if layer is not None else 'the first GDN layer'}) |",
           f"| kernel pad sentinel | {sentinel} |",
-          f"| verdict | {'diverged' if r['diverged'] else 'clean'} (a healthy stack: {r.get('expect', 'clean')}) |",
+          f"| outcome | {('diverged at step ' + str(fd['step'])) if fd else 'clean'} (expected "
+          f"{'for this planted hazard' if planted else 'of a healthy stack'}: {r.get('expect', 'clean')}) |",
           f"| result | `{result_path or 'in memory'}`, results[{idx}] of {len(doc['results'])} |", ""]
 
     from .env import environment
@@ -615,10 +636,12 @@ def render_markdown(doc, r, idx, steps, seqj, source, rows, sa: Standalone, note
         L += ["The command that produced this result:", "", _code(command, "sh"), ""]
     else:
         L += ["The result file does not record its command line; this replays the same case:", ""]
-    L += ["Replay exactly this case with the suite (the steps are in `sequence.json`):", "", _code(replay_cmd, "sh"), ""]
+    L += ["Replay exactly this case with the suite (the steps are in `sequence.json`):", "",
+          _code(replay_cmd, "sh"), ""]
     if sa.generated:
         L += ["Or with nothing but torch:", "", _code(f"python {SCRIPT}            # exit 1: reproduced, 0: not"
-                                                       + (f"\npython {SCRIPT} --repair   # with {', '.join(_default_repairs(r))}"
+                                                       + (f"\npython {SCRIPT} --repair   # with "
+                                                          f"{', '.join(_default_repairs(r))}"
                                                           if _default_repairs(r) else ""), "sh"), ""]
 
     L += ["## Expected vs actual", "",
@@ -644,7 +667,8 @@ def render_markdown(doc, r, idx, steps, seqj, source, rows, sa: Standalone, note
     else:
         L.append(f"The steps of the run up to and including the first divergent step ({len(steps)} steps, "
                  f"{len(seqj.get('requests', []))} requests); `repro hunt` shrinks further.")
-    L += ["", "| request | prompt tokens | decode steps | arrives at step | preempted after |", "| --- | --- | --- | --- | --- |"]
+    L += ["", "| request | prompt tokens | decode steps | arrives at step | preempted after |",
+          "| --- | --- | --- | --- | --- |"]
     for q in seqj.get("requests", []):
         L.append(f"| {q['rid']} | {q['prompt_len']} | {q['decode_steps']} | {q.get('arrive', 0)} | "
                  f"{q.get('preempt_after') if q.get('preempt_after') is not None else '-'} |")
@@ -660,8 +684,9 @@ def render_markdown(doc, r, idx, steps, seqj, source, rows, sa: Standalone, note
     if fd:
         ctx = micro.get("context", {})
         this, prev = ctx.get("this_step", {}), ctx.get("previous_step", {})
-        L += [f"- where: step {fd['step']}, island `{fd['island']}`, tensor `{fd['tensor']}`, row {fd.get('row')}, "
-              f"request {fd.get('request')}, slot {fd.get('slot')}, max |diff| {fd['max_abs']:.4g}"]
+        L += [f"- where: step {fd['step']}, island `{fd['island']}`, tensor `{fd['tensor']}`"
+              + (f", row {fd['row']}" if fd.get("row") is not None else "")
+              + f", request {fd.get('request')}, slot {fd.get('slot')}, max abs diff {fd['max_abs']:.4g}"]
         if this:
             L.append(f"- this step: requests {this.get('requests')}, slots {this.get('slots')}, query lens "
                      f"{this.get('query_lens')}, has initial state {this.get('has_initial_state')}, token digest "
@@ -673,7 +698,8 @@ def render_markdown(doc, r, idx, steps, seqj, source, rows, sa: Standalone, note
                      f"{prev.get('query_lens')}, has initial state {prev.get('has_initial_state')}")
         ed, rd = ctx.get("eager_digest", {}), ctx.get("replay_digest", {})
         if ed:
-            L += ["", "Digests of the step's outputs (live rows):", "", "| tensor | eager | replay | |", "| --- | --- | --- | --- |"]
+            L += ["", "Digests of the step's outputs (live rows):", "", "| tensor | eager | replay | |",
+                  "| --- | --- | --- | --- |"]
             for k in ed:
                 L.append(f"| `{k}` | `{ed[k]}` | `{rd.get(k)}` | {'differs' if ed[k] != rd.get(k) else ''} |")
             if fd["tensor"] in ("conv_state", "ssm_state"):
@@ -694,10 +720,15 @@ def render_markdown(doc, r, idx, steps, seqj, source, rows, sa: Standalone, note
             cost = f"{row.cost:.2f}x" if row.cost else "-"
             L.append(f"| `{row.repair}` | {clears} | {_fmt_us(row.replay_us)} | {_fmt_us(row.without_us)} | {cost} | "
                      f"{row.source}{': ' + row.note if row.note else ''} |")
-        L += ["", "Costs on the CPU tape measure the emulation, not a device: read them as relative, and rerun "
-              "`repro run --device DEV --hazard H --repair R` on the device for real numbers."]
+        if any(row.cost for row in rows) and doc.get("graph_provider") == "cpu-tape" or \
+                any(row.cost and row.source.startswith("run here") for row in rows):
+            L += ["", "Costs on the CPU tape measure the emulation, not a device: read them as relative, and rerun "
+                  "`repro run --device DEV --hazard H --repair R --sequence sequence.json` on the device for "
+                  "real numbers."]
     elif planted:
         L.append("No repair is known for this hazard.")
+    elif not r["diverged"]:
+        L.append("Nothing diverged: no repair is needed.")
     else:
         L.append("Nothing was planted, so there is no hazard-specific repair. On the device, try the runner-side "
                  "repairs (`sanitize-pad`, `clone-outputs`, `private-pool`, `copy-inputs`, `eager-family=...`) "
@@ -709,15 +740,23 @@ def render_markdown(doc, r, idx, steps, seqj, source, rows, sa: Standalone, note
         L += [f"No standalone script is generated for this result: {sa.why_not}.", ""]
     else:
         if sa.weights == "embedded":
-            L.append(f"Weights: the layer's real tensors, embedded beside the script as `{WEIGHTS}` (random weights "
-                     "from a seed did not reproduce the recorded divergence). It needs `safetensors` too.")
+            L.append(f"Weights: the layer's real tensors, embedded beside the script as `{WEIGHTS}` ("
+                     + ("random weights from a seed did not reproduce the recorded divergence here"
+                        if sa.seed_failed else "asked for with --weights embed")
+                     + "). It needs `safetensors` too.")
+        elif not r["diverged"]:
+            L.append(f"Weights: regenerated from {sa.weights} inside the script (random values of the "
+                     f"{'checkpoint' if model_here else 'tiny preset'}'s shapes and dtypes). Nothing diverged in "
+                     "the suite; the script is the control a maintainer "
+                     "can run on another stack.")
         else:
-            L.append(f"Weights: regenerated from {sa.weights} inside the script (random values of the checkpoint's "
-                     "shapes and dtypes); the divergence does not depend on the real values"
+            L.append(f"Weights: regenerated from {sa.weights} inside the script (random values of the "
+                     f"{'checkpoint' if model_here else 'tiny preset'}'s shapes and dtypes); the divergence does "
+                     "not depend on the real values"
                      + ("." if sa.reproduces and sa.same_place is not False else
                         " as far as this machine could check (see below)."))
         L += ["",
-              f"It rebuilds the GDN layer chain (`submod0` -> `gdn_core` -> `submod1` with the MoE) in plain torch with "
+              "It rebuilds the GDN layer chain (`submod0` -> `gdn_core` -> `submod1` with the MoE) in plain torch with "
               "the suite's kernel math, replays the steps above through an eager copy and a graph copy "
               "(`torch.cuda.CUDAGraph` on CUDA, `torch.xpu.XPUGraph` or IPEX's `XPUGraph` on XPU, a TorchDispatchMode "
               "record/replay tape on a CPU), compares bit for bit after every step and prints the first divergence. "
@@ -744,7 +783,7 @@ def render_markdown(doc, r, idx, steps, seqj, source, rows, sa: Standalone, note
     for h in r["hazards"]:
         if h in hz.HAZARDS and hz.HAZARDS[h].cases:
             cited += _cases(hz.HAZARDS[h].cases)
-    if not r["hazards"]:
+    if not r["hazards"] and r["diverged"]:
         cited += _cases(BASELINE_CASES.get(str(doc.get("graph_provider")), "PyTorch 122192, vLLM 51928"))
     if cited:
         for proj, num, url in cited:
@@ -754,11 +793,12 @@ def render_markdown(doc, r, idx, steps, seqj, source, rows, sa: Standalone, note
             else:
                 L.append(f"- {proj}")
     else:
-        L.append("- none recorded for this hazard")
+        L.append("- none: nothing diverged" if not r["diverged"] else "- none recorded for this hazard")
     L.append("")
 
     if len(doc["results"]) > 1:
-        L += ["## Other results in the file", "", "| # | island | mode | hazard | repair | diverged | first divergence |",
+        L += ["## Other results in the file", "",
+              "| # | island | mode | hazard | repair | diverged | first divergence |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
         for i, x in enumerate(doc["results"]):
             f = x.get("first_divergence")
@@ -776,7 +816,9 @@ def render_markdown(doc, r, idx, steps, seqj, source, rows, sa: Standalone, note
 
 def _title(doc, r) -> str:
     what = ", ".join(r["hazards"]) or "baseline"
-    prov = f"{doc.get('graph_provider', '?')}" + (f" on {doc['device']}" if doc.get("device") not in (None, "cpu") else "")
+    prov = str(doc.get("graph_provider", "?"))
+    if doc.get("device") not in (None, "cpu"):
+        prov += f" on {doc['device']}"
     if r["diverged"]:
         fd = r["first_divergence"]
         return (f"Graph replay diverges from eager ({what}): {r['island']} {fd['island']}.{fd['tensor']} at step "
@@ -817,7 +859,7 @@ def _model(doc, layer):
 
 def write_report(doc: dict, out_dir, *, command: str | None = None, result_path: str | None = None,
                  index: int | None = None, layer: int | None = None, sentinel: int | None = None,
-                 verify: bool = True, seed: int = 0) -> Path:
+                 verify: bool = True, seed: int = 0, weights: str = "auto") -> Path:
     """Write the report directory atomically; returns its path."""
     check_result(doc)
     out = Path(out_dir)
@@ -836,14 +878,14 @@ def write_report(doc: dict, out_dir, *, command: str | None = None, result_path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
     try:
-        rows = repair_rows(doc, r, steps, seqj, model, sentinel, notes)
+        rows = repair_rows(doc, r, steps, seqj, model, sentinel)
         (tmp / "result.json").write_text(json.dumps(doc, indent=2) + "\n")
         (tmp / "sequence.json").write_text(json.dumps(seqj, indent=2) + "\n")
         (tmp / "env.txt").write_text(environment_text(doc))
-        sa = make_standalone(tmp, doc, r, steps, seqj, model, sentinel, title, verify, seed)
+        sa = make_standalone(tmp, doc, r, steps, seqj, model, sentinel, title, verify, seed, weights)
         replay_cmd = _replay_command(doc, r, layer, kernel_sentinel)
         md = render_markdown(doc, r, idx, steps, seqj, source, rows, sa, notes, command, result_path, replay_cmd,
-                             title, kernel_sentinel, layer)
+                             title, kernel_sentinel, layer, model is not None)
         (tmp / "REPORT.md").write_text(md)
         os.chmod(tmp, 0o755)
         if out.exists():
@@ -862,7 +904,7 @@ def write_report(doc: dict, out_dir, *, command: str | None = None, result_path:
 def report_cli(a) -> int:
     doc = load_result(a.result)
     out = write_report(doc, a.output, result_path=a.result, index=a.case, layer=a.layer, sentinel=a.sentinel,
-                       verify=not a.no_verify, seed=a.seed)
+                       verify=not a.no_verify, seed=a.seed, weights=a.weights)
     print(f"wrote {out}/REPORT.md, env.txt, sequence.json" + (f", {SCRIPT}" if (out / SCRIPT).exists() else "")
           + (f", {WEIGHTS}" if (out / WEIGHTS).exists() else ""))
     return 0

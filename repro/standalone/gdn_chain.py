@@ -753,8 +753,9 @@ def first_difference(st, eager_out, replay_out, eager, replay):
 
 def describe(div):
     where = f"row {div['row']} " if div["row"] is not None else ""
-    who = f"(request {div['request']}, slot {div['slot']}) " if div["request"] is not None or div["slot"] is not None else ""
-    return f"step {div['step']}: {div['island']}.{div['tensor']} {where}{who}max|diff| {div['max_abs']:.4g}"
+    who = f"(request {div['request']}, slot {div['slot']}) " \
+        if div["request"] is not None or div["slot"] is not None else ""
+    return f"step {div['step']}: {div['island']}.{div['tensor']} {where}{who}max abs diff {div['max_abs']:.4g}"
 
 
 def main(argv=None) -> int:
@@ -780,6 +781,8 @@ def main(argv=None) -> int:
         else:
             repairs.add(r)
     device = pick_device(a.device)
+    if device == "cpu" and spec["config"]["hidden"] <= 512:
+        torch.set_num_threads(1)  # small matrices: threads only add start-up and contention
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
 
@@ -791,7 +794,8 @@ def main(argv=None) -> int:
         runner = GraphRunner(replay_copy, graphs, spec, hazards, repairs)
         w = spec["weights"]
         print(f"torch {torch.__version__} on {device_name(device)}; graphs: {graphs.api}")
-        print(f"mode {spec['mode']}; hazard {', '.join(hazards) or 'none'}; repair {', '.join(sorted(repairs)) or 'none'}; "
+        print(f"mode {spec['mode']}; hazard {', '.join(hazards) or 'none'}; "
+              f"repair {', '.join(sorted(repairs)) or 'none'}; "
               f"weights " + (f"regenerated from seed {w['seed']}" if w["source"] == "seed" else f"from {w['file']}"))
         prev = None
         for st in spec["steps"]:
@@ -828,7 +832,7 @@ def pick_device(want):
         xpu = getattr(torch, "xpu", None)
         if xpu is None or not xpu.is_available():
             try:  # older stacks register the XPU device through IPEX
-                import intel_extension_for_pytorch  # noqa: F401
+                import intel_extension_for_pytorch  # noqa: F401  (registers the XPU device)
             except ImportError:
                 pass
             xpu = getattr(torch, "xpu", None)

@@ -1,0 +1,140 @@
+"""`repro bench`: the structure of its results, the bandwidth floor counted by hand on the tiny
+config, and the command line writing JSON / PNG on the CPU quickly. No timing is asserted."""
+import json
+import sys
+
+import pytest
+import torch
+
+from repro import bench
+from repro.cli import main
+from repro.islands import Model
+
+ROW_KEYS = {"island", "batch", "eager_us", "replay_us", "floor_us", "repair", "mode", "replay_over_eager",
+            "replay_over_floor", "repair_cost"}
+
+
+@pytest.fixture(scope="module")
+def model(tiny_path):
+    return Model(tiny_path, "cpu")
+
+
+def test_floor_counts_the_right_bytes_on_the_tiny_config(model):
+    c = model.cfg
+    # the tiny config's dimensions, written out: the sums below are by hand, not by walking tensors
+    assert (c.hidden_size, c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
+            c.linear_value_head_dim, c.linear_conv_kernel_dim, c.num_experts, c.num_experts_per_tok,
+            c.moe_intermediate_size, c.shared_expert_intermediate_size) == (64, 2, 4, 16, 16, 4, 8, 2, 32, 32)
+    assert model.weights.gdn.in_proj_qkv.scale.dtype == torch.float32  # W8A8: int8 weight + fp32 scale per row
+    B = 3
+    copy = model.copy(num_slots=B)
+    bf16, f32 = 2, 4
+    H, conv_dim, vdim = 64, 2 * 2 * 16 + 4 * 16, 4 * 16
+    lin = lambda n, k: n * k + n * f32  # noqa: E731  int8 weight + fp32 scale
+    submod0 = B * H * bf16 + H * bf16 + lin(conv_dim, H) + lin(vdim, H) + lin(4, H) + lin(4, H)
+    conv_row, ssm_row = conv_dim * 3 * bf16, 4 * 16 * 16 * f32
+    gdn_core = conv_dim * 4 * bf16 + 4 * bf16 + 4 * bf16 + 2 * B * (conv_row + ssm_row)
+    expert = lin(2 * 32, H) + lin(H, 32)
+    used = 5
+    moe = 8 * H * bf16 + used * expert + lin(2 * 32, H) + lin(H, 32) + H * bf16
+    submod1 = 16 * bf16 + lin(H, vdim) + H * bf16 + moe + H * bf16
+    f = lambda isl: bench.floor_bytes(isl, model.weights, model.head, model.next_norm, copy.cache, B, used)  # noqa: E731
+    assert f("submod0") == submod0 == 3 * 128 + 128 + 8704 + 4352 + 272 + 272
+    assert f("gdn_core") == gdn_core == 1024 + 16 + 2 * 3 * (768 + 4096)
+    assert f("submod1") == submod1
+    assert f("moe") == B * H * bf16 + H * bf16 + moe
+    assert f("chain") == submod0 + gdn_core + submod1
+    # the floor grows with the experts used, by one expert's bytes each
+    assert bench.floor_bytes("moe", model.weights, model.head, model.next_norm, None, B, used + 1) - f("moe") == expert
+
+
+def test_experts_used_are_the_distinct_routed_ones(model):
+    torch.manual_seed(0)
+    x = torch.randn(6, model.cfg.hidden_size).to(torch.bfloat16)
+    logits = torch.nn.functional.linear(x, model.weights.moe.gate).float()
+    top = torch.topk(torch.softmax(logits, -1), model.cfg.num_experts_per_tok, dim=-1).indices
+    assert bench.routed_experts_used(model.weights.moe, x, model.cfg.num_experts_per_tok) == len(set(top.flatten().tolist()))
+
+
+def test_repairs_that_run_at_baseline_per_mode():
+    piecewise = bench.applicable_repairs("piecewise", "cpu-tape")
+    full = bench.applicable_repairs("full", "cpu-tape")
+    assert {"clone-outputs", "private-pool", "copy-inputs", "recapture"} <= set(piecewise)
+    assert {"sanitize-pad", "recapture"} <= set(full)
+    assert not any(r.startswith("eager-family=") for r in full)  # refused in full mode
+    assert "declare" not in piecewise + full and "event-wait" not in piecewise  # no run-time path / needs streams
+
+
+def test_bench_rows_targets_and_table(model):
+    from repro.graphs import make_provider
+    provider = make_provider("cpu")
+    res = bench.run_bench(model.path, provider, islands=("moe",), batches=(1,), modes=("full",), iters=1, warmup=0)
+    kinds = {(r.island, r.mode, r.repair) for r in res.rows}
+    assert ("moe", None, None) in kinds and ("chain", "full", None) in kinds and ("chain", "full", "none") in kinds
+    doc = res.to_json()
+    assert {"device", "graph_provider", "torch", "checkpoint", "copy_bandwidth_GBps", "results", "targets"} <= set(doc)
+    for row in doc["results"]:
+        assert ROW_KEYS <= set(row) and row["eager_us"] > 0 and row["replay_us"] > 0
+    chain = next(r for r in doc["results"] if r["island"] == "chain" and r["repair"] is None)
+    assert chain["floor_us"] > 0 and chain["replay_over_floor"] == pytest.approx(chain["replay_us"] / chain["floor_us"], rel=1e-2)
+    t = doc["targets"]["chain_full_b1"]
+    assert set(t) >= {"within_5x_of_floor", "replay_10x_faster_than_eager"}
+    table = bench.format_table(res)
+    assert "replay/floor" in table and "target chain full B=1" in table
+
+
+def test_cli_writes_json_and_png_on_cpu(tiny_path, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    rc = main(["bench", "--device", "cpu", "--model", tiny_path, "--batches", "1,2", "--iters", "1", "--warmup", "0",
+               "--no-tiny-rates", "--quiet", "--json", str(out), "--plot", str(png)])
+    assert rc == 0
+    d = json.loads(out.read_text())
+    islands = {(r["island"], r["batch"]) for r in d["results"]}
+    assert {(i, b) for i in ("submod0", "gdn_core", "submod1", "moe", "chain") for b in (1, 2)} <= islands
+    assert {r["mode"] for r in d["results"] if r["island"] == "chain"} == {"full", "piecewise"}
+    assert any(r["repair"] == "clone-outputs" and r["repair_cost"] for r in d["results"])
+    assert "repro bench" in d["command"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "eager/replay" in capsys.readouterr().out
+
+
+def test_cli_json_without_matplotlib(tiny_path, tmp_path):
+    out = tmp_path / "b.json"
+    assert main(["bench", "--device", "cpu", "--model", tiny_path, "--island", "gdn_core", "--batches", "1",
+                 "--iters", "1", "--warmup", "0", "--no-tiny-rates", "--quiet", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["island"], r["batch"]) for r in rows] == [("gdn_core", 1)]
+
+
+def test_plot_without_matplotlib_is_a_clear_error(tiny_path, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    rc = main(["bench", "--device", "cpu", "--model", tiny_path, "--batches", "1", "--plot", str(tmp_path / "p.png")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "matplotlib" in err and "pip install" in err
+    assert not (tmp_path / "p.png").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batches", "1,x"], "--batches"),
+    (["--batches", "0"], ">= 1"),
+    (["--island", "nope"], "unknown island"),
+    (["--kernels", "moe=nope"], "nope"),
+])
+def test_bad_input_exits_2(argv, message, tiny_path, capsys):
+    assert main(["bench", "--device", "cpu", "--model", tiny_path] + argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_tiny_rates_structure():
+    r = bench.tiny_rates(steps=12, examples=2)
+    assert r["lockstep_piecewise_steps"] > 0 and r["lockstep_full_steps"] > 0
+    assert r["lockstep_piecewise_steps_per_s"] > 0 and r["hypothesis_examples"] >= 1
+    assert r["hypothesis_examples_per_s"] > 0
+
+
+def test_clock_and_bandwidth_on_cpu():
+    clock = bench.Clock("cpu", iters=3, warmup=1)
+    assert clock(lambda: torch.ones(10).sum()) > 0
+    assert bench.copy_bandwidth("cpu", nbytes_=1 << 20, iters=3) > 0
