@@ -161,7 +161,7 @@ def parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="the main job: lockstep eager vs replay, baseline and hazards")
     common(s)
-    s.add_argument("--steps", type=int, default=80)
+    s.add_argument("--steps", type=int, default=200)
     s.add_argument("--sequence", help="replay this request sequence (JSON, e.g. from `repro hunt`)")
     s.add_argument("--trace", help="write per-step digests here (JSON lines)")
     s.set_defaults(fn=_run)

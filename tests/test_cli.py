@@ -75,3 +75,17 @@ def test_hunt_shrinks_to_a_small_replayable_sequence(hazard, tiny_path, tmp_path
     mode = "full" if hazard == "stale-pad" else "piecewise"
     assert main(["run", "--model", tiny_path, "--device", "cpu", "--mode", mode, "--hazard", hazard,
                  "--sequence", str(save)]) == 1
+
+
+def test_the_main_job_with_no_arguments_is_clean_and_detects_every_hazard(tmp_path):
+    out = tmp_path / "main.json"
+    assert main(["run", "--device", "cpu", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert len(results) >= 20
+    for r in results:
+        if r["expect"] == "clean":
+            assert not r["diverged"], r
+        elif r["expect"] == "diverged":
+            assert r["diverged"], r
+        else:
+            assert any(f["kind"] == "undeclared-mutation" for f in r["findings"]), r
