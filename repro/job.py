@@ -99,7 +99,8 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
     hazards = set(case.hazards)
     if case.island in ISLAND_MODES:
         repairs |= set(ISLAND_MODES[case.island][1])
-    copy_hazards = {h for h in hazards if not any(r in repairs and ISLAND_REPAIRS.get(r) == h for r in repairs)}
+    # repairs made in the islands' code (declare the mutation, issue on the capture stream)
+    copy_hazards = {h for h in hazards if not any(ISLAND_REPAIRS.get(r) == h for r in repairs)}
     if "pad-sentinel-mismatch" in hazards:
         sentinel = -1  # the kernel skips only -1; the runner pads with 0 (see hazards.py)
     copy_sentinel = sentinel

@@ -139,9 +139,10 @@ class GraphRunner:
         self._core_linted: set = set()  # splitting-op call kinds (decode?, prefill?) linted once
         for isl in copy.islands():
             isl.escape = provider.escape
-        if "escaped-capture" in self.hazards and provider.name == "cuda":
+        if provider.name == "cuda":
             # work on a stream the capture does not follow is only legal in relaxed capture mode
-            provider.capture_kwargs = {"capture_error_mode": "relaxed"}
+            relaxed = "escaped-capture" in self.hazards
+            provider.capture_kwargs = {"capture_error_mode": "relaxed"} if relaxed else {}
 
     # ---- static buffers -------------------------------------------------------------------
     def _pad_value(self) -> int:
