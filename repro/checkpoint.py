@@ -377,6 +377,11 @@ class Checkpoint:
     def layer_prefix(self, layer: int) -> str:
         return f"{self.prefix}layers.{layer}."
 
+    def read_tensor(self, name: str) -> torch.Tensor:
+        """One tensor by its full name, read alone (e.g. the next layer's input norm)."""
+        with _Reader(self) as rd:
+            return rd.read(name)
+
     def total_bytes(self) -> int:
         return sum(i.nbytes for i in self._infos.values())
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint import Checkpoint
-from ..config import FULL, GDN
+from ..config import GDN
 from ..errors import BadInput
 from ..weights import to_device
 from .gdn import CanaryHead, GDNCore, StateCache, Submod0, Submod1
@@ -47,9 +47,9 @@ class Model:
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.weights = to_device(self.ckpt.load_layer(layer, tp_rank=tp_rank, tp_size=tp_size), self.device)
         self.head = to_device(self.ckpt.load_head(), self.device)
-        if layer + 1 < cfg.num_hidden_layers:
-            self.next_norm = self.ckpt.load_layer(layer + 1).input_layernorm.to(self.device) \
-                if cfg.layer_type(layer + 1) == GDN or cfg.layer_type(layer + 1) == FULL else self.head.norm
+        if layer + 1 < cfg.num_hidden_layers:  # submod1 ends with the next layer's input norm
+            name = self.ckpt.layer_prefix(layer + 1) + "input_layernorm.weight"
+            self.next_norm = self.ckpt.read_tensor(name).to(self.device)
         else:
             self.next_norm = self.head.norm
 
