@@ -180,6 +180,42 @@ def copy_bandwidth(device, nbytes_: int | None = None, iters: int = 20) -> float
     return 2 * nbytes_ / (us * 1e-6)
 
 
+def kernel_profile(fn, device, replays: int = 20, top: int = 25) -> dict:
+    """What one call of `fn` spends its time in, from torch.profiler over `replays` calls: on a GPU
+    the device kernels (CUPTI sees the kernels a graph replays), on the CPU each op's self time.
+    Rows per distinct name, largest first: calls and microseconds per call of `fn`."""
+    from torch.profiler import ProfilerActivity, profile
+    device = torch.device(device)
+    gpu = device.type in ("cuda", "xpu")
+    acts = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        acts.append(ProfilerActivity.CUDA)
+    elif device.type == "xpu":
+        acts.append(ProfilerActivity.XPU)
+    clock = Clock(device, iters=1, warmup=0, flush=False)
+    fn()
+    clock.sync()
+    with profile(activities=acts) as prof:
+        for _ in range(replays):
+            fn()
+        clock.sync()
+    rows = []
+    for ev in prof.key_averages():
+        us = (getattr(ev, "self_device_time_total", 0) if gpu else ev.self_cpu_time_total)
+        if gpu and getattr(ev, "device_type", None) is not None and ev.device_type.name == "CPU":
+            continue  # host-side op records (their device time is their kernels', counted once below)
+        if us <= 0 and gpu:
+            continue
+        rows.append({"name": ev.key, "calls_per_replay": round(ev.count / replays, 2),
+                     "us_per_replay": round(us / replays, 3)})
+    rows.sort(key=lambda k: -k["us_per_replay"])
+    total = sum(k["us_per_replay"] for k in rows)
+    return {"replays": replays, "what": "device kernels" if gpu else "CPU ops, self time",
+            "total_us_per_replay": round(total, 3), "launches_per_replay": round(sum(k["calls_per_replay"] for k in rows), 1),
+            "kernels": rows[:top] if top else rows,
+            "rest_us_per_replay": round(sum(k["us_per_replay"] for k in rows[top:]) if top else 0.0, 3)}
+
+
 # --------------------------------------------------------------------------- results
 
 
@@ -196,6 +232,7 @@ class Row:
     floor_bytes: int | None = None
     experts_used: int | None = None
     repair_cost: float | None = None  # repair rows: replay_us / replay_us without the repair
+    profile: dict | None = None  # chain rows with --profile: see kernel_profile()
 
     @property
     def speedup(self) -> float | None:
@@ -213,7 +250,7 @@ class Row:
                 "experts_used": self.experts_used,
                 "replay_over_eager": r(self.replay_us / self.eager_us if self.eager_us else None, 4),
                 "eager_over_replay": r(self.speedup, 3), "replay_over_floor": r(self.floor_ratio, 3),
-                "repair_cost": r(self.repair_cost, 4)}
+                "repair_cost": r(self.repair_cost, 4), "profile": self.profile}
 
 
 @dataclass
@@ -293,9 +330,9 @@ def _capture(provider, fn):
 class Bench:
     """Holds the model, the provider and the clock; each method returns rows."""
 
-    def __init__(self, model, provider, clock: Clock, bandwidth: float, seed: int = 0, log=None):
+    def __init__(self, model, provider, clock: Clock, bandwidth: float, seed: int = 0, log=None, profile: int = 0):
         self.model, self.provider, self.clock, self.bandwidth = model, provider, clock, bandwidth
-        self.seed = seed
+        self.seed, self.profile = seed, profile
         self.log = log or (lambda s: None)
 
     @property
@@ -394,7 +431,9 @@ class Bench:
                         c.gdn_core(qkv=o0["qkv"], b=o0["b"], a=o0["a"], core_out=o0["core_out"], meta=m)
                         g1.replay()
                 replay = self.clock(fn)
-                rows.append(Row("chain", batch, eager, replay, fus, mode=mode, floor_bytes=fb, experts_used=used))
+                prof = kernel_profile(fn, dev, self.profile) if self.profile else None
+                rows.append(Row("chain", batch, eager, replay, fus, mode=mode, floor_bytes=fb, experts_used=used,
+                                profile=prof))
         return rows
 
     def repairs(self, batch: int, modes=MODES) -> list[Row]:
@@ -513,7 +552,7 @@ def checkpoint_for(preset: str, device) -> Path:
 
 def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, repairs: bool = True,
               batches=(1, 8, 32), modes=MODES, iters: int = 50, warmup: int = 5, seed: int = 0,
-              rates: bool = False, log=None) -> BenchResult:
+              rates: bool = False, log=None, profile: int = 0) -> BenchResult:
     from kernels import registry
 
     from .islands import Model
@@ -523,7 +562,7 @@ def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, rep
     bw = copy_bandwidth(provider.device)
     log(f"copy bandwidth {bw / 1e9:.1f} GB/s on {device_name(provider)}")
     clock = Clock(provider.device, iters=iters, warmup=warmup)
-    bench = Bench(model, provider, clock, bw, seed=seed, log=log)
+    bench = Bench(model, provider, clock, bw, seed=seed, log=log, profile=profile)
     res = BenchResult(device_name(provider), provider.name, str(checkpoint), bw, iters=iters,
                       kernels={op: d["selected"] for op, d in registry.describe().items()})
     for b in batches:
@@ -573,6 +612,22 @@ def format_table(res: BenchResult) -> str:
                      f"{r['lockstep_full_steps_per_s']} steps/s full; Hypothesis {r['hypothesis_examples_per_s']} "
                      f"examples/s ({r['hypothesis_examples']} examples)")
     return "\n".join(lines)
+
+
+def format_profiles(res: BenchResult, top: int = 15) -> str:
+    """The --profile breakdowns of the chain rows, one block each."""
+    out = []
+    for r in res.rows:
+        p = r.profile
+        if not p:
+            continue
+        out.append(f"profile chain {r.mode} B={r.batch}: {p['what']}, {p['total_us_per_replay']:.1f} us and "
+                   f"{p['launches_per_replay']:g} launches per replay ({p['replays']} replays; replay timed "
+                   f"{r.replay_us:.1f} us)")
+        for k in p["kernels"][:top]:
+            share = k["us_per_replay"] / p["total_us_per_replay"] if p["total_us_per_replay"] else 0.0
+            out.append(f"  {k['us_per_replay']:9.2f} us  {share:6.1%}  x{k['calls_per_replay']:<5g} {k['name'][:90]}")
+    return "\n".join(out)
 
 
 def pyplot():
@@ -633,6 +688,8 @@ def command_line(a) -> str:
         if v:
             parts += [flag, str(v)]
     parts += [f for f, on in (("--no-repairs", a.no_repairs), ("--no-tiny-rates", a.no_tiny_rates)) if on]
+    if a.profile:
+        parts += ["--profile", str(a.profile)]
     return " ".join(parts)
 
 
@@ -659,8 +716,10 @@ def _bench(a, batches) -> int:
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if not a.quiet else None
     res = run_bench(path, provider, islands=islands, chain=chain, repairs=chain and not a.no_repairs,
                     batches=batches, modes=modes, iters=a.iters, warmup=a.warmup, seed=a.seed,
-                    rates=not a.no_tiny_rates, log=log)
+                    rates=not a.no_tiny_rates, log=log, profile=a.profile)
     print(format_table(res))
+    if a.profile:
+        print(format_profiles(res))
     if a.json:
         from .cli import _write_json
         doc = res.to_json()

@@ -201,6 +201,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-tiny-rates", action="store_true",
                    help="skip the CPU tiny checkpoint's lockstep steps/s and Hypothesis examples/s")
     s.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    s.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also profile N replays of each chain row: where the time goes, kernel by kernel")
     s.add_argument("--json", help="write results here")
     s.add_argument("--plot", help="write a PNG of replay/eager and replay/floor here (needs matplotlib)")
     s.set_defaults(fn=_bench)

@@ -138,3 +138,22 @@ def test_clock_and_bandwidth_on_cpu():
     clock = bench.Clock("cpu", iters=3, warmup=1)
     assert clock(lambda: torch.ones(10).sum()) > 0
     assert bench.copy_bandwidth("cpu", nbytes_=1 << 20, iters=3) > 0
+
+
+def test_kernel_profile_of_a_chain_replay_on_cpu(model):
+    """--profile: the ops one replay runs, per replay, largest first; they add up to the total."""
+    from repro.graphs import make_provider
+    provider = make_provider("cpu")
+    res = bench.run_bench(model.path, provider, islands=(), repairs=False, batches=(1,), modes=("full",),
+                          iters=1, warmup=0, profile=3)
+    row = next(r for r in res.rows if r.island == "chain")
+    prof = row.profile
+    assert prof and prof["replays"] == 3
+    names = [k["name"] for k in prof["kernels"]]
+    assert any("rms_norm" in n for n in names) and any("moe" in n for n in names)
+    times = [k["us_per_replay"] for k in prof["kernels"]]
+    assert times == sorted(times, reverse=True) and all(t >= 0 for t in times)
+    assert prof["total_us_per_replay"] == pytest.approx(sum(times) + prof["rest_us_per_replay"], rel=1e-3)
+    assert all(k["calls_per_replay"] > 0 for k in prof["kernels"])
+    assert "profile chain full B=1" in bench.format_profiles(res)
+    assert res.to_json()["results"][0]["profile"]["replays"] == 3

@@ -2,7 +2,7 @@
 
     probs   = softmax(F.linear(x, router_w).float())             (bf16 logits, fp32 softmax)
     top-k   = the k largest probs, ties to the lowest expert index, in descending order
-    weights = probs_k / sum(probs_k) if renormalize else probs_k   (fp32)
+    weights = probs_k / sum(probs_k) if renormalize else probs_k   (fp32, summed in k order)
     h       = linear(x, w13[e])                  (W8A8 when a scale is given, else bf16 F.linear)
     act     = (silu(h[:, :I].float()) * h[:, I:].float()) -> x's dtype
     y       = linear(act, w2[e])
@@ -24,7 +24,14 @@ def router_probs(x: torch.Tensor, router_w: torch.Tensor) -> torch.Tensor:
 
 
 def renormalized(weights: torch.Tensor, renormalize: bool) -> torch.Tensor:
-    return weights / weights.sum(-1, keepdim=True) if renormalize else weights
+    """weights / their sum, the sum taken left to right in k order: the same bits on every device
+    and in a fused kernel (a library reduction picks its own order)."""
+    if not renormalize:
+        return weights
+    total = weights[..., 0:1]
+    for j in range(1, weights.shape[-1]):
+        total = total + weights[..., j:j + 1]
+    return weights / total
 
 
 def silu_and_mul(h: torch.Tensor) -> torch.Tensor:

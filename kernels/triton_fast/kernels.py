@@ -13,8 +13,8 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from kernels.moe.common import renormalized, router_probs
-from kernels.moe.vectorized import moe_vectorized, topk_sorted
+from kernels.moe.common import router_probs
+from kernels.moe.vectorized import moe_vectorized
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -114,6 +114,45 @@ def _slot(idx, sentinel, S):
     return valid, tl.where(r < 0, r + S, r)
 
 
+if INTERPRET:
+    @triton.jit
+    def _dp4a(a, b, c):
+        """c + the dot product of the 4 signed bytes of a and of b (the interpreter has no PTX)."""
+        acc = c
+        for i in tl.static_range(4):
+            acc += ((a << (24 - 8 * i)) >> 24) * ((b << (24 - 8 * i)) >> 24)
+        return acc
+else:
+    @triton.jit
+    def _dp4a(a, b, c):
+        """c + the dot product of the 4 signed bytes of a and of b: one `dp4a`, exact in int32."""
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _pack4(q, BK: tl.constexpr):
+    """int32 [BK] of values in [-128, 127] -> int32 [BK // 4] words, byte i of word w = q[4 w + i]
+    (the layout of an int8 row read as int32 words on a little-endian GPU). Bits do not overlap,
+    so the wrapping sum is an OR."""
+    shifts = tl.arange(0, 4) * 8
+    return tl.sum((tl.reshape(q, (BK // 4, 4)) & 255) << shifts[None, :], axis=1)
+
+
+@triton.jit
+def _dp4a_acc(words, packed, acc):
+    """acc [R, W] += per-word byte products of int32 weight words [R, W] and packed activations [W]."""
+    return _dp4a(words, tl.broadcast_to(packed[None, :], words.shape), acc)
+
+
+def _words(w: torch.Tensor) -> torch.Tensor | None:
+    """An int8 weight whose rows are whole int32 words, as int32 words (a view); else None."""
+    if w.dtype != torch.int8 or w.shape[-1] % 4 or w.stride(-1) != 1 or w.storage_offset() % 4 or \
+            any(st % 4 for st in w.stride()[:-1]):
+        return None
+    return w.view(torch.int32)
+
+
 def _np2(n: int) -> int:
     return triton.next_power_of_2(max(1, int(n)))
 
@@ -171,38 +210,42 @@ def _w8a8_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, o_ptr, M, N, K, sxm, swn, som, MB,
     tl.store(o_ptr + rm[:, None] * som + rn[None, :], out.to(o_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
 
 
-# Few rows (decode): one program per (row, block of output channels), int32 products summed per row
-# (the routed experts' kernel's scheme, which streamed weights at > 1 TB/s on an H200); more rows:
-# `_w8a8_kernel`'s int8 `tl.dot` tiles, which read each weight tile once per 16 rows.
+# Few rows (decode): one program per (row, block of output channels). The weights are read as int32
+# words of 4 int8 and multiplied with `dp4a` (4 exact byte products a word); K is a compile-time
+# constant so the K loop unrolls and every weight load of a program is in flight at once. On an
+# H200 this streamed a 16 MB weight at 2.5 TB/s where int32 products in registers gave 1.5-1.9
+# (`python3 -m kernels.triton_fast.sweep`). More rows: `_w8a8_kernel`'s int8 `tl.dot` tiles,
+# which read each weight tile once per 16 rows.
 ROWS_MAX_M = 8
-_ROWS_SPACE = [({"BN": 8, "BK": 512}, 4, 2), ({"BN": 16, "BK": 512}, 4, 2), ({"BN": 32, "BK": 512}, 4, 2),
-               ({"BN": 8, "BK": 1024}, 4, 2), ({"BN": 16, "BK": 1024}, 8, 2), ({"BN": 32, "BK": 256}, 4, 3)]
+_ROWS_SPACE = [({"BN": 16, "BK": 1024}, 8, 2), ({"BN": 8, "BK": 1024}, 8, 2), ({"BN": 8, "BK": 2048}, 8, 2),
+               ({"BN": 4, "BK": 2048}, 8, 2), ({"BN": 4, "BK": 2048}, 4, 2), ({"BN": 16, "BK": 512}, 4, 2)]
 
 
 @triton.autotune(configs=_configs(_ROWS_SPACE, ({"BN": 16, "BK": 512}, 4, 2)),
-                 key=["N", "K", "MB"], do_bench=_quick_bench)
+                 key=["N", "KD", "MB"], do_bench=_quick_bench)
 @triton.jit
-def _w8a8_rows_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, o_ptr, N, K, sx, swn, so, MB,
+def _w8a8_rows_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, o_ptr, N, sx, swn4, so, MB, KD: tl.constexpr,
                       HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     rk = tl.arange(0, BK)
+    r4 = tl.arange(0, BK // 4)
     amax = tl.zeros((BK,), tl.float32)
-    for k0 in range(0, K, BK):
-        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=(k0 + rk) < K, other=0.0).to(tl.float32)
+    for k0 in tl.static_range(0, KD, BK):
+        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=(k0 + rk) < KD, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(xv))
     scale = _act_scale(tl.max(amax, axis=0))
     rn = pid_n * BN + tl.arange(0, BN)
     nm = rn < N
-    acc = tl.zeros((BN,), tl.int32)
-    for k0 in range(0, K, BK):
-        km = (k0 + rk) < K
-        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=km, other=0.0).to(tl.float32)
-        q = _quantize(xv, scale).to(tl.int32)
-        wv = tl.load(w_ptr + rn[:, None] * swn + (k0 + rk)[None, :], mask=nm[:, None] & km[None, :], other=0)
-        acc += tl.sum(wv.to(tl.int32) * q[None, :], axis=1)
+    acc = tl.zeros((BN, BK // 4), tl.int32)
+    for k0 in tl.static_range(0, KD, BK):
+        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=(k0 + rk) < KD, other=0.0).to(tl.float32)
+        packed = _pack4(_quantize(xv, scale).to(tl.int32), BK)
+        wm = nm[:, None] & ((k0 // 4 + r4) < KD // 4)[None, :]
+        words = tl.load(w_ptr + rn[:, None] * swn4 + (k0 // 4 + r4)[None, :], mask=wm, other=0)
+        acc = _dp4a_acc(words, packed, acc)
     ws = tl.load(ws_ptr + rn, mask=nm, other=0.0).to(tl.float32)
-    out = _mul(_mul(acc.to(tl.float32), scale), ws)
+    out = _mul(_mul(tl.sum(acc, axis=1).to(tl.float32), scale), ws)
     if HAS_BIAS:
         out = _add(out, tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32))
     tl.store(o_ptr + t * so + rn, out.to(o_ptr.dtype.element_ty), mask=nm)
@@ -218,9 +261,11 @@ def w8a8_linear(x, w, w_scale, bias):
     w = w.contiguous()
     ws = w_scale.reshape(-1).float().contiguous()
     b = bias if bias is not None else ws
-    if M <= ROWS_MAX_M:
+    words = _words(w)
+    if M <= ROWS_MAX_M and words is not None:
         _w8a8_rows_kernel[lambda meta: (M, triton.cdiv(N, meta["BN"]))](
-            x, w, ws, b, out, N, K, x.stride(0), w.stride(0), out.stride(0), _np2(M), HAS_BIAS=bias is not None)
+            x, words, ws, b, out, N, x.stride(0), words.stride(0), out.stride(0), _np2(M), KD=K,
+            HAS_BIAS=bias is not None)
         return out
     BM = 16
     grid = lambda meta: (triton.cdiv(N, meta["BN"]), triton.cdiv(M, BM))  # noqa: E731
@@ -232,17 +277,47 @@ def w8a8_linear(x, w, w_scale, bias):
 # --------------------------------------------------------------------------- moe
 
 
-_UP_SPACE = [({"BN": 8, "BK": 512}, 4, 2), ({"BN": 16, "BK": 512}, 4, 2), ({"BN": 32, "BK": 512}, 4, 2),
-             ({"BN": 8, "BK": 1024}, 4, 2), ({"BN": 16, "BK": 1024}, 8, 2), ({"BN": 32, "BK": 256}, 4, 3)]
-_DOWN_SPACE = [({"BN": 8}, 4, 2), ({"BN": 16}, 4, 2), ({"BN": 32}, 4, 2), ({"BN": 64}, 8, 2), ({"BN": 16}, 8, 2)]
+_UP_SPACE = [({"BN": 8, "BK": 1024}, 8, 2), ({"BN": 16, "BK": 1024}, 8, 2), ({"BN": 8, "BK": 2048}, 8, 2),
+             ({"BN": 4, "BK": 2048}, 8, 2), ({"BN": 16, "BK": 512}, 4, 2), ({"BN": 4, "BK": 2048}, 4, 2)]
+_DOWN_SPACE = [({"BN": 8}, 4, 2), ({"BN": 16}, 4, 2), ({"BN": 4}, 4, 2), ({"BN": 8}, 8, 2), ({"BN": 16}, 8, 2),
+               ({"BN": 32}, 8, 2)]
+
+
+@triton.jit
+def _route_kernel(p_ptr, w_ptr, id_ptr, E, sp, RENORM: tl.constexpr, TOPK: tl.constexpr, BE: tl.constexpr,
+                  BKK: tl.constexpr):
+    """Token t: the TOPK largest probabilities, ties to the lowest expert, in descending order, and
+    their weights (divided by their sum, summed in k order, when RENORM): `topk_sorted` +
+    `renormalized` in one program, with no sort."""
+    t = tl.program_id(0)
+    re = tl.arange(0, BE)
+    p = tl.load(p_ptr + t * sp + re, mask=re < E, other=float("-inf"))
+    rk = tl.arange(0, BKK)
+    vals = tl.zeros((BKK,), tl.float32)
+    ids = tl.zeros((BKK,), tl.int64)
+    total = tl.max(p, axis=0)
+    for j in tl.static_range(TOPK):
+        m = tl.max(p, axis=0)
+        i = tl.argmax(p, axis=0, tie_break_left=True)
+        vals = tl.where(rk == j, m, vals)
+        ids = tl.where(rk == j, i.to(tl.int64), ids)
+        if j > 0:
+            total = _add(total, m)
+        p = tl.where(re == i, float("-inf"), p)
+    if RENORM:
+        vals = _div(vals, total)
+    km = rk < TOPK
+    tl.store(w_ptr + t * TOPK + rk, vals, mask=km)
+    tl.store(id_ptr + t * TOPK + rk, ids, mask=km)
 
 
 @triton.autotune(configs=_configs(_UP_SPACE, ({"BN": 16, "BK": 512}, 4, 2)),
-                 key=["H", "I", "PB"], do_bench=_quick_bench)
+                 key=["I", "H", "PB"], do_bench=_quick_bench)
 @triton.jit
-def _moe_up_kernel(x_ptr, ids_ptr, w_ptr, ws_ptr, act_ptr, H, I, top_k, sx, swe, swn, swse, sact, PB,
-                   HAS_IDS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """Pair p = t * top_k + j: quantise x[t], gate/up rows of its expert, SiLU-and-mul -> act[p]."""
+def _moe_up_kernel(x_ptr, ids_ptr, w_ptr, ws_ptr, act_ptr, I, top_k, sx, swe4, swn4, swse, sact, PB,
+                   H: tl.constexpr, HAS_IDS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Pair p = t * top_k + j: quantise x[t], gate/up rows of its expert (int32 words, `dp4a`),
+    SiLU-and-mul -> act[p]. H is a compile-time constant: the H loop unrolls."""
     p = tl.program_id(0)
     pid_n = tl.program_id(1)
     t = p // top_k
@@ -251,43 +326,43 @@ def _moe_up_kernel(x_ptr, ids_ptr, w_ptr, ws_ptr, act_ptr, H, I, top_k, sx, swe,
     else:
         e = 0
     rk = tl.arange(0, BK)
+    r4 = tl.arange(0, BK // 4)
     amax = tl.zeros((BK,), tl.float32)
-    for k0 in range(0, H, BK):
+    for k0 in tl.static_range(0, H, BK):
         xv = tl.load(x_ptr + t * sx + k0 + rk, mask=(k0 + rk) < H, other=0.0).to(tl.float32)
         amax = tl.maximum(amax, tl.abs(xv))
     scale = _act_scale(tl.max(amax, axis=0))
     rn = pid_n * BN + tl.arange(0, BN)
     nm = rn < I
-    wbase = w_ptr + e * swe
-    acc_g = tl.zeros((BN,), tl.int32)
-    acc_u = tl.zeros((BN,), tl.int32)
-    for k0 in range(0, H, BK):
-        km = (k0 + rk) < H
-        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=km, other=0.0).to(tl.float32)
-        q = _quantize(xv, scale).to(tl.int32)
-        m2 = nm[:, None] & km[None, :]
-        wg = tl.load(wbase + rn[:, None] * swn + (k0 + rk)[None, :], mask=m2, other=0).to(tl.int32)
-        wu = tl.load(wbase + (rn + I)[:, None] * swn + (k0 + rk)[None, :], mask=m2, other=0).to(tl.int32)
-        acc_g += tl.sum(wg * q[None, :], axis=1)
-        acc_u += tl.sum(wu * q[None, :], axis=1)
+    wbase = w_ptr + e * swe4
+    acc_g = tl.zeros((BN, BK // 4), tl.int32)
+    acc_u = tl.zeros((BN, BK // 4), tl.int32)
+    for k0 in tl.static_range(0, H, BK):
+        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=(k0 + rk) < H, other=0.0).to(tl.float32)
+        packed = _pack4(_quantize(xv, scale).to(tl.int32), BK)
+        wm = nm[:, None] & ((k0 // 4 + r4) < H // 4)[None, :]
+        cols = (k0 // 4 + r4)[None, :]
+        acc_g = _dp4a_acc(tl.load(wbase + rn[:, None] * swn4 + cols, mask=wm, other=0), packed, acc_g)
+        acc_u = _dp4a_acc(tl.load(wbase + (rn + I)[:, None] * swn4 + cols, mask=wm, other=0), packed, acc_u)
     sg = tl.load(ws_ptr + e * swse + rn, mask=nm, other=0.0).to(tl.float32)
     su = tl.load(ws_ptr + e * swse + I + rn, mask=nm, other=0.0).to(tl.float32)
     dt = act_ptr.dtype.element_ty
-    hg = _mul(_mul(acc_g.to(tl.float32), scale), sg).to(dt).to(tl.float32)
-    hu = _mul(_mul(acc_u.to(tl.float32), scale), su).to(dt).to(tl.float32)
+    hg = _mul(_mul(tl.sum(acc_g, axis=1).to(tl.float32), scale), sg).to(dt).to(tl.float32)
+    hu = _mul(_mul(tl.sum(acc_u, axis=1).to(tl.float32), scale), su).to(dt).to(tl.float32)
     tl.store(act_ptr + p * sact + rn, _mul(_silu(hg), hu).to(dt), mask=nm)
 
 
 @triton.jit
-def _down_row(a_ptr, w_ptr, ws_ptr, rn, nm, I, swn, BI: tl.constexpr):
-    """Quantise the activation row at a_ptr, its down rows rn -> y (fp32 of the bf16 result)."""
+def _down_row(a_ptr, w_ptr, ws_ptr, rn, nm, I, swn4, BI: tl.constexpr):
+    """Quantise the activation row at a_ptr, its down rows rn (int32 words, `dp4a`) -> y (fp32 of
+    the bf16 result)."""
     ri = tl.arange(0, BI)
-    im = ri < I
-    a = tl.load(a_ptr + ri, mask=im, other=0.0).to(tl.float32)
+    r4 = tl.arange(0, BI // 4)
+    a = tl.load(a_ptr + ri, mask=ri < I, other=0.0).to(tl.float32)
     sc = _act_scale(tl.max(tl.abs(a), axis=0))
-    q = _quantize(a, sc).to(tl.int32)
-    w = tl.load(w_ptr + rn[:, None] * swn + ri[None, :], mask=nm[:, None] & im[None, :], other=0).to(tl.int32)
-    acc = tl.sum(w * q[None, :], axis=1)
+    packed = _pack4(_quantize(a, sc).to(tl.int32), BI)
+    words = tl.load(w_ptr + rn[:, None] * swn4 + r4[None, :], mask=nm[:, None] & (r4 < I // 4)[None, :], other=0)
+    acc = tl.sum(_dp4a_acc(words, packed, tl.zeros((rn.shape[0], BI // 4), tl.int32)), axis=1)
     ws = tl.load(ws_ptr + rn, mask=nm, other=0.0).to(tl.float32)
     return _mul(_mul(acc.to(tl.float32), sc), ws)
 
@@ -296,62 +371,73 @@ def _down_row(a_ptr, w_ptr, ws_ptr, rn, nm, I, swn, BI: tl.constexpr):
                  key=["H", "I", "TB"], do_bench=_quick_bench)
 @triton.jit
 def _moe_down_kernel(act_ptr, acts_ptr, ids_ptr, wt_ptr, w2_ptr, w2s_ptr, sw2_ptr, sw2s_ptr, gl_ptr, o_ptr,
-                     H, I, Is, top_k, s_act, s_acts, s_w2e, s_w2n, s_w2se, s_sw2n, s_gl, s_o, TB,
-                     BN: tl.constexpr, BI: tl.constexpr, BIS: tl.constexpr):
-    """Token t, output columns rn: sum_j w_j * down_e(act[t, j]) in j order, + sigmoid(gate) * shared."""
+                     H, I, Is, s_act, s_acts, s_w2e4, s_w2n4, s_w2se, s_sw2n4, s_gl, s_o, TB,
+                     TOPK: tl.constexpr, BN: tl.constexpr, BI: tl.constexpr, BIS: tl.constexpr):
+    """Token t, output columns rn: sum_j w_j * down_e(act[t, j]) in j order, + sigmoid(gate) * shared.
+    TOPK is a compile-time constant: the choices unroll and their weight loads overlap."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
     nm = rn < H
     dt = o_ptr.dtype.element_ty
     routed = tl.full((BN,), -0.0, tl.float32)  # -0 + x == x for every x, as the reference's first term
-    for j in range(0, top_k):
-        p = t * top_k + j
+    for j in tl.static_range(TOPK):
+        p = t * TOPK + j
         e = tl.load(ids_ptr + p).to(tl.int64)
-        y = _down_row(act_ptr + p * s_act, w2_ptr + e * s_w2e, w2s_ptr + e * s_w2se, rn, nm, I, s_w2n, BI)
+        y = _down_row(act_ptr + p * s_act, w2_ptr + e * s_w2e4, w2s_ptr + e * s_w2se, rn, nm, I, s_w2n4, BI)
         routed = _add(routed, _mul(tl.load(wt_ptr + p), y.to(dt).to(tl.float32)))
-    ys = _down_row(acts_ptr + t * s_acts, sw2_ptr, sw2s_ptr, rn, nm, Is, s_sw2n, BIS)
+    ys = _down_row(acts_ptr + t * s_acts, sw2_ptr, sw2s_ptr, rn, nm, Is, s_sw2n4, BIS)
     gl = tl.load(gl_ptr + t * s_gl).to(tl.float32)
     gate = _div(1.0, _add(1.0, _exp(-gl)))
     out = _add(routed, _mul(gate, ys.to(dt).to(tl.float32)))
     tl.store(o_ptr + t * s_o + rn, out.to(dt), mask=nm)
 
 
+def route(probs, top_k, renormalize):
+    """(weights fp32 [T, k], ids int64 [T, k]) of `topk_sorted` + `renormalized`, one launch."""
+    T, E = probs.shape
+    probs = probs.contiguous()
+    weights = torch.empty(T, top_k, dtype=torch.float32, device=probs.device)
+    ids = torch.empty(T, top_k, dtype=torch.long, device=probs.device)
+    if T:
+        _route_kernel[(T,)](probs, weights, ids, E, probs.stride(0), RENORM=bool(renormalize), TOPK=top_k,
+                            BE=_np2(E), BKK=_np2(top_k), num_warps=4 if E >= 512 else 2)
+    return weights, ids
+
+
 def moe(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale, shared_w2, shared_w2_scale,
         shared_gate_w, top_k, renormalize):
-    if w13_scale is None or shared_w13_scale is None or shared_w2_scale is None or w2_scale is None:
+    words = [None if w is None else _words(w.contiguous()) for w in (w13, w2, shared_w13, shared_w2)]
+    if w13_scale is None or shared_w13_scale is None or shared_w2_scale is None or w2_scale is None or \
+            any(w is None for w in words):
         return moe_vectorized(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
                               shared_w2, shared_w2_scale, shared_gate_w, top_k, renormalize)
+    w13, w2, sw13, sw2 = words
     T, H = x.shape
     out = torch.empty_like(x)
     if T == 0:
         return out
     x = x.contiguous()
-    weights, ids = topk_sorted(router_probs(x, router_w), top_k)
-    # contiguous before the sum: the reference sums a contiguous [T, k] (same reduction, same bits)
-    weights = renormalized(weights.contiguous(), renormalize).float().contiguous()
-    ids = ids.contiguous()
-    E, I2, _ = w13.shape
-    I = I2 // 2
-    Is = shared_w13.shape[0] // 2
-    w13, w2 = w13.contiguous(), w2.contiguous()
+    # router logits (bf16 matmul) and softmax stay torch's, as the reference computes them
+    weights, ids = route(router_probs(x, router_w), top_k, renormalize)
+    I = w13.shape[1] // 2
+    Is = sw13.shape[0] // 2
     w13s, w2s = w13_scale.float().contiguous(), w2_scale.float().contiguous()
-    sw13, sw2 = shared_w13.contiguous(), shared_w2.contiguous()
     sw13s, sw2s = shared_w13_scale.reshape(-1).float().contiguous(), shared_w2_scale.reshape(-1).float().contiguous()
     P = T * top_k
     act = torch.empty(P, I, dtype=x.dtype, device=x.device)
     _moe_up_kernel[lambda meta: (P, triton.cdiv(I, meta["BN"]))](
-        x, ids, w13, w13s, act, H, I, top_k, x.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0),
-        act.stride(0), _np2(min(P, 256)), HAS_IDS=True)
+        x, ids, w13, w13s, act, I, top_k, x.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0),
+        act.stride(0), _np2(min(P, 256)), H=H, HAS_IDS=True)
     acts = torch.empty(T, Is, dtype=x.dtype, device=x.device)
     _moe_up_kernel[lambda meta: (T, triton.cdiv(Is, meta["BN"]))](
-        x, ids, sw13, sw13s, acts, H, Is, 1, x.stride(0), 0, sw13.stride(0), 0, acts.stride(0), _np2(min(T, 256)),
-        HAS_IDS=False)
+        x, ids, sw13, sw13s, acts, Is, 1, x.stride(0), 0, sw13.stride(0), 0, acts.stride(0), _np2(min(T, 256)),
+        H=H, HAS_IDS=False)
     gate_logit = torch.nn.functional.linear(x, shared_gate_w)  # [T, 1], the reference's bf16 matmul
     _moe_down_kernel[lambda meta: (T, triton.cdiv(H, meta["BN"]))](
-        act, acts, ids, weights, w2, w2s, sw2, sw2s, gate_logit, out, H, I, Is, top_k, act.stride(0),
+        act, acts, ids, weights, w2, w2s, sw2, sw2s, gate_logit, out, H, I, Is, act.stride(0),
         acts.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), sw2.stride(0), gate_logit.stride(0),
-        out.stride(0), _np2(min(T, 64)), BI=_np2(I), BIS=_np2(Is))
+        out.stride(0), _np2(min(T, 64)), TOPK=top_k, BI=max(4, _np2(I)), BIS=max(4, _np2(Is)))
     return out
 
 

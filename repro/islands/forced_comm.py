@@ -288,7 +288,7 @@ class ForcedComm(Island):
         return self.w.embed.device
 
     def partial(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = ops.rms_norm(self.w.embed[input_ids], self.w.norm, self.w.eps)
+        x = ops.rms_norm(F.embedding(input_ids, self.w.embed), self.w.norm, self.w.eps)
         gu = linear(x, self.w.gate_up)
         si = gu.shape[1] // 2
         h = (F.silu(gu[:, :si].float()) * gu[:, si:].float()).to(x.dtype)

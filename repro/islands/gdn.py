@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..config import ModelConfig
 from ..weights import HeadWeights, LayerWeights
@@ -63,7 +64,7 @@ class Submod0(Island):
 
     def forward(self, input_ids):
         g = self.w.gdn
-        residual = self.embed[input_ids]
+        residual = F.embedding(input_ids, self.embed)
         x = ops.rms_norm(residual, self.w.input_layernorm, self.cfg.rms_norm_eps)
         if "escaped-capture" in self.hazards:
             # e.g. a oneDNN matmul on its own cached queue: it runs during capture, is not recorded

@@ -1,6 +1,8 @@
 """The MoE block of any layer: router top-k, W8A8 routed experts, sigmoid-gated shared expert."""
 from __future__ import annotations
 
+import torch.nn.functional as F
+
 from ..config import ModelConfig
 from ..weights import HeadWeights, LayerWeights
 from .base import Island, ops
@@ -33,5 +35,5 @@ class MoEIsland(Island):
         self.block = MoEBlock(cfg, layer)
 
     def forward(self, input_ids):
-        x = ops.rms_norm(self.embed[input_ids], self.w.post_attention_layernorm, self.cfg.rms_norm_eps)
+        x = ops.rms_norm(F.embedding(input_ids, self.embed), self.w.post_attention_layernorm, self.cfg.rms_norm_eps)
         return {"moe_out": self.block(x)}
