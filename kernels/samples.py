@@ -41,6 +41,9 @@ def sample_args(op: str, device="cpu", seed=0, **dims):
                 (torch.rand(d["N"], generator=g) / 64 + 1e-3).to(device), rand((d["N"],), g, **dev))
     if op == "rms_norm":
         return rand((d["T"], d["H"]), g, **dev), rand((d["H"],), g, **dev, scale=0.1), 1e-6
+    if op == "add_rms_norm":
+        return (rand((d["T"], d["H"]), g, **dev), rand((d["T"], d["H"]), g, **dev), rand((d["H"],), g, **dev, scale=0.1),
+                1e-6)
     if op == "rms_norm_gated":
         shape = (d["T"], d["Hv"], d["dv"])
         return (rand(shape, g, torch.float32, **dev), rand(shape, g, **dev),

@@ -11,7 +11,7 @@ from kernels.samples import sample_args
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
-EXACT_OPS = {"w8a8_linear", "moe", "causal_conv1d_fn", "causal_conv1d_update", "rms_norm",
+EXACT_OPS = {"w8a8_linear", "moe", "causal_conv1d_fn", "causal_conv1d_update", "rms_norm", "add_rms_norm",
              "rms_norm_gated", "gdn_gating"}
 STATE_OPS = {"causal_conv1d_update", "gated_delta_rule_decode"}
 

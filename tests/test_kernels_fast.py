@@ -1,7 +1,8 @@
 """The `triton` provider (kernels/triton_fast) against the reference, on an NVIDIA GPU.
 
 Bit for bit: `w8a8_linear`, `moe` (W8A8 experts), `causal_conv1d_update` (outputs and conv state),
-`gdn_gating`. Within a stated tolerance: `rms_norm`, `rms_norm_gated` (one bf16 rounding: the
+`gdn_gating`, the sum of `add_rms_norm`. Within a stated tolerance: `rms_norm`, the norm of
+`add_rms_norm`, `rms_norm_gated` (one bf16 rounding: the
 mean is reduced in another order), `gated_delta_rule_decode` (fp32 state within 1e-5 relative,
 bf16 output within one bf16 rounding). State rules (sentinel rows, duplicate slots: snapshot
 read, last valid row wins) are checked with batches that repeat a slot. Also: each op captured
@@ -20,7 +21,8 @@ pytestmark = [pytest.mark.cuda,
 EXACT = {"w8a8_linear", "moe", "causal_conv1d_update", "gdn_gating"}
 STATE_OPS = {"causal_conv1d_update", "gated_delta_rule_decode"}
 # (rtol, atol) for outputs and for mutated fp32 state
-TOL = {"rms_norm": ((2 ** -7, 1e-6), None), "rms_norm_gated": ((2 ** -7, 1e-6), None),
+TOL = {"rms_norm": ((2 ** -7, 1e-6), None), "add_rms_norm": ((2 ** -7, 1e-6), None),
+       "rms_norm_gated": ((2 ** -7, 1e-6), None),
        "gated_delta_rule_decode": ((2 ** -7, 1e-5), (1e-5, 1e-6))}
 
 VARIANTS = {
@@ -29,6 +31,7 @@ VARIANTS = {
     "moe": [dict(T=1), dict(T=5, top_k=3), dict(T=1, H=2048, E=32, I=512, Is=512, top_k=8),
             dict(T=32, H=2048, E=32, I=512, Is=512, top_k=8)],
     "rms_norm": [dict(T=1), dict(T=32, H=2048)],
+    "add_rms_norm": [dict(T=1), dict(T=32, H=2048)],
     "rms_norm_gated": [dict(T=3), dict(T=32, Hv=32, dv=128)],
     "gdn_gating": [dict(T=1), dict(T=32, Hv=32)],
     "causal_conv1d_update": [dict(sentinel=-1), dict(sentinel=0), dict(sentinel=0, B=6, S=3),
@@ -80,6 +83,8 @@ def test_triton_matches_the_reference(op, dims):
     torch.cuda.synchronize()
     for g, w in zip(_flat(got), _flat(want)):
         _close(op, g, w, "output")
+    if op == "add_rms_norm":
+        assert torch.equal(got[0], want[0])  # the sum itself is one rounding of an exact fp32 add
     if op in STATE_OPS:
         for a, b in zip(fast_args, ref_args):
             if isinstance(a, torch.Tensor) and a.dim() >= 3:

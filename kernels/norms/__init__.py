@@ -1,4 +1,6 @@
-"""`repro::rms_norm` (Gemma, `(1 + w)`) and `repro::rms_norm_gated` (plain `w`, times silu(z)).
+"""`repro::rms_norm` (Gemma, `(1 + w)`), `repro::add_rms_norm` (a residual add, then `rms_norm` of
+the sum: both returned, one launch where a provider fuses them) and `repro::rms_norm_gated`
+(plain `w`, times silu(z)).
 
 Both compute in fp32 and cast once at the end; `eps` is the caller's (`rms_norm_eps`, 1e-6
 for this model). Providers: `reference`; `vllm_xpu` for rms_norm (`_C.gemma_rms_norm`).
@@ -10,7 +12,7 @@ import torch
 from kernels import registry
 from kernels.norms import reference  # noqa: F401  (register providers)
 
-__all__ = ["rms_norm", "rms_norm_gated"]
+__all__ = ["rms_norm", "add_rms_norm", "rms_norm_gated"]
 
 
 @torch.library.custom_op("repro::rms_norm", mutates_args=())
@@ -24,6 +26,22 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 @rms_norm.register_fake
 def _(x, w, eps):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@torch.library.custom_op("repro::add_rms_norm", mutates_args=())
+def add_rms_norm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, y [..., H] of one dtype, w [H] -> (h = x + y in that dtype, rms_norm(h, w, eps))."""
+    if x.shape != y.shape or x.dtype != y.dtype or w.numel() != x.shape[-1]:
+        raise ValueError(f"add_rms_norm: x {tuple(x.shape)} {x.dtype}, y {tuple(y.shape)} {y.dtype}, "
+                         f"w {tuple(w.shape)}")
+    h, normed = registry.impl("add_rms_norm")(x, y, w, eps)
+    return h.contiguous(), normed.contiguous()
+
+
+@add_rms_norm.register_fake
+def _(x, y, w, eps):
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
 @torch.library.custom_op("repro::rms_norm_gated", mutates_args=())

@@ -14,6 +14,11 @@ def rms_norm_reference(x, w, eps):
     return (normed * (1.0 + w.float())).to(x.dtype)
 
 
+def add_rms_norm_reference(x, y, w, eps):
+    h = x + y
+    return h, rms_norm_reference(h, w, eps)
+
+
 def rms_norm_gated_reference(x, z, w, eps):
     """Per value head: (w * rmsnorm(x)) * silu(z), plain weight."""
     xf = x.float()
@@ -22,4 +27,5 @@ def rms_norm_gated_reference(x, z, w, eps):
 
 
 registry.register("rms_norm", "reference", rms_norm_reference, group="norms")
+registry.register("add_rms_norm", "reference", add_rms_norm_reference, group="norms")
 registry.register("rms_norm_gated", "reference", rms_norm_gated_reference, group="norms")

@@ -3,17 +3,20 @@ provider issues ten), for `repro bench`'s replay-vs-floor targets.
 
 Ops and what each kernel fuses (arithmetic rules are the ops' own, see each op's docstring):
 - `w8a8_linear`: per-token activation quantisation + int8 products (int32 accumulate) + the
-  shared epilogue, one kernel: up to 8 rows one program per (row, output block) summing int32
-  products (a GEMV), more rows int8 `tl.dot` tiles of 16 rows. Bit-identical to the reference.
-- `moe`: routing stays in torch (router linear, softmax, stable sort: the same ops as `torch`);
-  one kernel quantises x and runs each (token, choice) pair's gate/up rows + SiLU-and-mul, one
-  does the same for the shared expert, one quantises the activations and runs the down rows of
-  every choice, the k-ordered combine, the shared expert's down rows and its sigmoid gate.
+  shared epilogue, one kernel: up to 8 rows one program per (row, output block), the weights
+  read as int32 words and multiplied with `dp4a` (a GEMV), more rows int8 `tl.dot` tiles of 16
+  rows. Bit-identical to the reference.
+- `moe`: router logits and softmax stay torch's (the reference's ops); one kernel picks the top-k
+  (repeated argmax, ties to the lowest expert: no sort) and renormalises; one quantises x and
+  runs each (token, choice) pair's gate/up rows + SiLU-and-mul, and the shared expert's, in one
+  grid; one quantises the activations and runs the down rows of every choice (one tile of all
+  choices' weights), the k-ordered combine, the shared expert's down rows and its sigmoid gate.
   Bit-identical to the reference with W8A8 experts (BF16 experts fall back to `torch`).
 - `causal_conv1d_update`, `gdn_gating`: one kernel each; bit-identical.
 - `gated_delta_rule_decode`: q/k L2 norm + decay + delta rule + output, one kernel; within fp32
   rounding of the reference (reductions in another order).
-- `rms_norm`, `rms_norm_gated`: one kernel each; within one bf16 rounding of the reference.
+- `rms_norm`, `add_rms_norm`, `rms_norm_gated`: one kernel each; within one bf16 rounding of the
+  reference (the sum of `add_rms_norm` bit-identical).
 
 Activation scales: `amax / 127` in `quant.py` is a CUDA tensor divided by a Python float, which
 torch computes as `amax * fp32(1/127)`; the kernels do the same (a true division differs for
@@ -75,6 +78,10 @@ def rms_norm_triton(x, w, eps):
     return _k().rms_norm(x, w, eps)
 
 
+def add_rms_norm_triton(x, y, w, eps):
+    return _k().add_rms_norm(x, y, w, eps)
+
+
 def rms_norm_gated_triton(x, z, w, eps):
     return _k().rms_norm_gated(x, z, w, eps)
 
@@ -94,6 +101,7 @@ def gated_delta_rule_decode_triton(q, k, v, g, beta, ssm_state, state_indices, s
 registry.register("w8a8_linear", "triton", w8a8_linear_triton, available, group="w8a8")
 registry.register("moe", "triton", moe_triton, available, group="moe")
 registry.register("rms_norm", "triton", rms_norm_triton, available, group="norms")
+registry.register("add_rms_norm", "triton", add_rms_norm_triton, available, group="norms")
 registry.register("rms_norm_gated", "triton", rms_norm_gated_triton, available, group="norms")
 registry.register("causal_conv1d_update", "triton", causal_conv1d_update_triton, available, group="conv1d")
 registry.register("gdn_gating", "triton", gdn_gating_triton, available, group="gdn")

@@ -279,8 +279,8 @@ def w8a8_linear(x, w, w_scale, bias):
 
 _UP_SPACE = [({"BN": 8, "BK": 1024}, 8, 2), ({"BN": 16, "BK": 1024}, 8, 2), ({"BN": 8, "BK": 2048}, 8, 2),
              ({"BN": 4, "BK": 2048}, 8, 2), ({"BN": 16, "BK": 512}, 4, 2), ({"BN": 4, "BK": 2048}, 4, 2)]
-_DOWN_SPACE = [({"BN": 8}, 4, 2), ({"BN": 16}, 4, 2), ({"BN": 4}, 4, 2), ({"BN": 8}, 8, 2), ({"BN": 16}, 8, 2),
-               ({"BN": 32}, 8, 2)]
+_DOWN_SPACE = [({"BN": 4}, 4, 2), ({"BN": 8}, 4, 2), ({"BN": 16}, 4, 2), ({"BN": 4}, 8, 2), ({"BN": 8}, 8, 2),
+               ({"BN": 16}, 8, 2)]
 
 
 @triton.jit
@@ -312,19 +312,25 @@ def _route_kernel(p_ptr, w_ptr, id_ptr, E, sp, RENORM: tl.constexpr, TOPK: tl.co
 
 
 @triton.autotune(configs=_configs(_UP_SPACE, ({"BN": 16, "BK": 512}, 4, 2)),
-                 key=["I", "H", "PB"], do_bench=_quick_bench)
+                 key=["I", "Is", "H", "PB"], do_bench=_quick_bench)
 @triton.jit
-def _moe_up_kernel(x_ptr, ids_ptr, w_ptr, ws_ptr, act_ptr, I, top_k, sx, swe4, swn4, swse, sact, PB,
-                   H: tl.constexpr, HAS_IDS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """Pair p = t * top_k + j: quantise x[t], gate/up rows of its expert (int32 words, `dp4a`),
-    SiLU-and-mul -> act[p]. H is a compile-time constant: the H loop unrolls."""
+def _moe_up_kernel(x_ptr, ids_ptr, w_ptr, ws_ptr, act_ptr, sw_ptr, sws_ptr, acts_ptr, I, Is, top_k, P,
+                   sx, swe4, swn4, swse, sact, ssw4, sacts, PB,
+                   H: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """Program p < P: pair p = t * top_k + j, gate/up rows of its expert -> act[p]; p >= P: token
+    p - P, the shared expert's gate/up rows -> acts[t]. Each: quantise x[t], int32 weight words
+    times packed activations (`dp4a`), SiLU-and-mul. H is a compile-time constant: the H loop
+    unrolls, so a program's weight loads are all in flight together."""
     p = tl.program_id(0)
     pid_n = tl.program_id(1)
-    t = p // top_k
-    if HAS_IDS:
-        e = tl.load(ids_ptr + p).to(tl.int64)
-    else:
-        e = 0
+    routed = p < P
+    t = tl.where(routed, p // top_k, p - P)
+    e = tl.load(ids_ptr + tl.where(routed, p, 0)).to(tl.int64)
+    wbase = tl.where(routed, w_ptr + e * swe4, sw_ptr)
+    sbase = tl.where(routed, ws_ptr + e * swse, sws_ptr)
+    obase = tl.where(routed, act_ptr + p * sact, acts_ptr + t * sacts)
+    n_out = tl.where(routed, I, Is)
+    rstride = tl.where(routed, swn4, ssw4)
     rk = tl.arange(0, BK)
     r4 = tl.arange(0, BK // 4)
     amax = tl.zeros((BK,), tl.float32)
@@ -333,8 +339,7 @@ def _moe_up_kernel(x_ptr, ids_ptr, w_ptr, ws_ptr, act_ptr, I, top_k, sx, swe4, s
         amax = tl.maximum(amax, tl.abs(xv))
     scale = _act_scale(tl.max(amax, axis=0))
     rn = pid_n * BN + tl.arange(0, BN)
-    nm = rn < I
-    wbase = w_ptr + e * swe4
+    nm = rn < n_out
     acc_g = tl.zeros((BN, BK // 4), tl.int32)
     acc_u = tl.zeros((BN, BK // 4), tl.int32)
     for k0 in tl.static_range(0, H, BK):
@@ -342,29 +347,25 @@ def _moe_up_kernel(x_ptr, ids_ptr, w_ptr, ws_ptr, act_ptr, I, top_k, sx, swe4, s
         packed = _pack4(_quantize(xv, scale).to(tl.int32), BK)
         wm = nm[:, None] & ((k0 // 4 + r4) < H // 4)[None, :]
         cols = (k0 // 4 + r4)[None, :]
-        acc_g = _dp4a_acc(tl.load(wbase + rn[:, None] * swn4 + cols, mask=wm, other=0), packed, acc_g)
-        acc_u = _dp4a_acc(tl.load(wbase + (rn + I)[:, None] * swn4 + cols, mask=wm, other=0), packed, acc_u)
-    sg = tl.load(ws_ptr + e * swse + rn, mask=nm, other=0.0).to(tl.float32)
-    su = tl.load(ws_ptr + e * swse + I + rn, mask=nm, other=0.0).to(tl.float32)
+        acc_g = _dp4a_acc(tl.load(wbase + rn[:, None] * rstride + cols, mask=wm, other=0), packed, acc_g)
+        acc_u = _dp4a_acc(tl.load(wbase + (rn + n_out)[:, None] * rstride + cols, mask=wm, other=0), packed, acc_u)
+    sg = tl.load(sbase + rn, mask=nm, other=0.0).to(tl.float32)
+    su = tl.load(sbase + n_out + rn, mask=nm, other=0.0).to(tl.float32)
     dt = act_ptr.dtype.element_ty
     hg = _mul(_mul(tl.sum(acc_g, axis=1).to(tl.float32), scale), sg).to(dt).to(tl.float32)
     hu = _mul(_mul(tl.sum(acc_u, axis=1).to(tl.float32), scale), su).to(dt).to(tl.float32)
-    tl.store(act_ptr + p * sact + rn, _mul(_silu(hg), hu).to(dt), mask=nm)
+    tl.store(obase + rn, _mul(_silu(hg), hu).to(dt), mask=nm)
 
 
 @triton.jit
-def _down_row(a_ptr, w_ptr, ws_ptr, rn, nm, I, swn4, BI: tl.constexpr):
-    """Quantise the activation row at a_ptr, its down rows rn (int32 words, `dp4a`) -> y (fp32 of
-    the bf16 result)."""
-    ri = tl.arange(0, BI)
-    r4 = tl.arange(0, BI // 4)
-    a = tl.load(a_ptr + ri, mask=ri < I, other=0.0).to(tl.float32)
-    sc = _act_scale(tl.max(tl.abs(a), axis=0))
-    packed = _pack4(_quantize(a, sc).to(tl.int32), BI)
-    words = tl.load(w_ptr + rn[:, None] * swn4 + r4[None, :], mask=nm[:, None] & (r4 < I // 4)[None, :], other=0)
-    acc = tl.sum(_dp4a_acc(words, packed, tl.zeros((rn.shape[0], BI // 4), tl.int32)), axis=1)
-    ws = tl.load(ws_ptr + rn, mask=nm, other=0.0).to(tl.float32)
-    return _mul(_mul(acc.to(tl.float32), sc), ws)
+def _quantized_words(a, BI: tl.constexpr):
+    """Activation rows a (fp32 [R, BI]) -> (their scales [R], their int8 quantisation packed as
+    int32 words [R, BI // 4])."""
+    sc = _act_scale(tl.max(tl.abs(a), axis=1))
+    q = _quantize(a, sc[:, None]).to(tl.int32)
+    shifts = tl.arange(0, 4) * 8
+    words = tl.sum((tl.reshape(q, (a.shape[0], BI // 4, 4)) & 255) << shifts[None, None, :], axis=2)
+    return sc, words
 
 
 @triton.autotune(configs=_configs(_DOWN_SPACE, ({"BN": 16}, 4, 2)),
@@ -372,21 +373,48 @@ def _down_row(a_ptr, w_ptr, ws_ptr, rn, nm, I, swn4, BI: tl.constexpr):
 @triton.jit
 def _moe_down_kernel(act_ptr, acts_ptr, ids_ptr, wt_ptr, w2_ptr, w2s_ptr, sw2_ptr, sw2s_ptr, gl_ptr, o_ptr,
                      H, I, Is, s_act, s_acts, s_w2e4, s_w2n4, s_w2se, s_sw2n4, s_gl, s_o, TB,
-                     TOPK: tl.constexpr, BN: tl.constexpr, BI: tl.constexpr, BIS: tl.constexpr):
+                     TOPK: tl.constexpr, BKK: tl.constexpr, BN: tl.constexpr, BI: tl.constexpr,
+                     BIS: tl.constexpr):
     """Token t, output columns rn: sum_j w_j * down_e(act[t, j]) in j order, + sigmoid(gate) * shared.
-    TOPK is a compile-time constant: the choices unroll and their weight loads overlap."""
+    All choices at once: their activation rows quantised together, their down rows loaded as one
+    [TOPK, BN, I / 4] tile of int32 words (every weight load in flight together), then the
+    products summed in j order."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     rn = pid_n * BN + tl.arange(0, BN)
     nm = rn < H
     dt = o_ptr.dtype.element_ty
+    rj = tl.arange(0, BKK)
+    jm = rj < TOPK
+    e = tl.load(ids_ptr + t * TOPK + rj, mask=jm, other=0).to(tl.int64)
+    ri = tl.arange(0, BI)
+    r4 = tl.arange(0, BI // 4)
+    wmask = jm[:, None, None] & nm[None, :, None] & (r4 < I // 4)[None, None, :]
+    words = tl.load(w2_ptr + e[:, None, None] * s_w2e4 + rn[None, :, None] * s_w2n4 + r4[None, None, :],
+                    mask=wmask, other=0)
+    ris = tl.arange(0, BIS)
+    r4s = tl.arange(0, BIS // 4)
+    swords = tl.load(sw2_ptr + rn[:, None] * s_sw2n4 + r4s[None, :], mask=nm[:, None] & (r4s < Is // 4)[None, :],
+                     other=0)
+    a = tl.load(act_ptr + (t * TOPK + rj)[:, None] * s_act + ri[None, :], mask=jm[:, None] & (ri < I)[None, :],
+                other=0.0).to(tl.float32)
+    sc, packed = _quantized_words(a, BI)
+    acc = tl.sum(_dp4a(words, tl.broadcast_to(packed[:, None, :], words.shape),
+                       tl.zeros(words.shape, tl.int32)), axis=2)  # [BKK, BN]
+    ws = tl.load(w2s_ptr + e[:, None] * s_w2se + rn[None, :], mask=jm[:, None] & nm[None, :], other=0.0)
+    y = _mul(_mul(acc.to(tl.float32), sc[:, None]), ws.to(tl.float32)).to(dt).to(tl.float32)
+    wt = tl.load(wt_ptr + t * TOPK + rj, mask=jm, other=0.0)
+    terms = _mul(wt[:, None], y)
     routed = tl.full((BN,), -0.0, tl.float32)  # -0 + x == x for every x, as the reference's first term
     for j in tl.static_range(TOPK):
-        p = t * TOPK + j
-        e = tl.load(ids_ptr + p).to(tl.int64)
-        y = _down_row(act_ptr + p * s_act, w2_ptr + e * s_w2e4, w2s_ptr + e * s_w2se, rn, nm, I, s_w2n4, BI)
-        routed = _add(routed, _mul(tl.load(wt_ptr + p), y.to(dt).to(tl.float32)))
-    ys = _down_row(acts_ptr + t * s_acts, sw2_ptr, sw2s_ptr, rn, nm, Is, s_sw2n4, BIS)
+        # row j alone (-0 + v == v for every v, so the masked sum is exactly row j)
+        routed = _add(routed, tl.sum(tl.where(rj[:, None] == j, terms, -0.0), axis=0))
+    a_s = tl.load(acts_ptr + t * s_acts + ris, mask=ris < Is, other=0.0).to(tl.float32)
+    sc_s = _act_scale(tl.max(tl.abs(a_s), axis=0))
+    packed_s = _pack4(_quantize(a_s, sc_s).to(tl.int32), BIS)
+    acc_s = tl.sum(_dp4a_acc(swords, packed_s, tl.zeros(swords.shape, tl.int32)), axis=1)
+    ws_s = tl.load(sw2s_ptr + rn, mask=nm, other=0.0).to(tl.float32)
+    ys = _mul(_mul(acc_s.to(tl.float32), sc_s), ws_s)
     gl = tl.load(gl_ptr + t * s_gl).to(tl.float32)
     gate = _div(1.0, _add(1.0, _exp(-gl)))
     out = _add(routed, _mul(gate, ys.to(dt).to(tl.float32)))
@@ -426,18 +454,15 @@ def moe(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
     sw13s, sw2s = shared_w13_scale.reshape(-1).float().contiguous(), shared_w2_scale.reshape(-1).float().contiguous()
     P = T * top_k
     act = torch.empty(P, I, dtype=x.dtype, device=x.device)
-    _moe_up_kernel[lambda meta: (P, triton.cdiv(I, meta["BN"]))](
-        x, ids, w13, w13s, act, I, top_k, x.stride(0), w13.stride(0), w13.stride(1), w13s.stride(0),
-        act.stride(0), _np2(min(P, 256)), H=H, HAS_IDS=True)
     acts = torch.empty(T, Is, dtype=x.dtype, device=x.device)
-    _moe_up_kernel[lambda meta: (T, triton.cdiv(Is, meta["BN"]))](
-        x, ids, sw13, sw13s, acts, Is, 1, x.stride(0), 0, sw13.stride(0), 0, acts.stride(0), _np2(min(T, 256)),
-        H=H, HAS_IDS=False)
+    _moe_up_kernel[lambda meta: (P + T, triton.cdiv(max(I, Is), meta["BN"]))](
+        x, ids, w13, w13s, act, sw13, sw13s, acts, I, Is, top_k, P, x.stride(0), w13.stride(0), w13.stride(1),
+        w13s.stride(0), act.stride(0), sw13.stride(0), acts.stride(0), _np2(min(P + T, 256)), H=H)
     gate_logit = torch.nn.functional.linear(x, shared_gate_w)  # [T, 1], the reference's bf16 matmul
     _moe_down_kernel[lambda meta: (T, triton.cdiv(H, meta["BN"]))](
         act, acts, ids, weights, w2, w2s, sw2, sw2s, gate_logit, out, H, I, Is, act.stride(0),
         acts.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), sw2.stride(0), gate_logit.stride(0),
-        out.stride(0), _np2(min(T, 64)), TOPK=top_k, BI=max(4, _np2(I)), BIS=max(4, _np2(Is)))
+        out.stride(0), _np2(min(T, 64)), TOPK=top_k, BKK=_np2(top_k), BI=max(4, _np2(I)), BIS=max(4, _np2(Is)))
     return out
 
 
@@ -463,6 +488,33 @@ def rms_norm(x, w, eps):
         _rms_norm_kernel[(x2.shape[0],)](x2, w, out, H, x2.stride(0), out.stride(0), float(eps), BH=_np2(H),
                                           num_warps=4 if H >= 1024 else 1)
     return out.reshape(x.shape)
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, h_ptr, o_ptr, H, sx, sy, sh, so, eps, BH: tl.constexpr):
+    """h = x + y (fp32 add, one rounding to the dtype, as torch adds bf16), then `_rms_norm_kernel` of h."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BH)
+    m = offs < H
+    x = tl.load(x_ptr + row * sx + offs, mask=m, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + row * sy + offs, mask=m, other=0.0).to(tl.float32)
+    h = _add(x, y).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + row * sh + offs, h, mask=m)
+    hf = h.to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / H + eps)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(o_ptr + row * so + offs, ((hf * r) * (1.0 + w)).to(o_ptr.dtype.element_ty), mask=m)
+
+
+def add_rms_norm(x, y, w, eps):
+    H = x.shape[-1]
+    x2, y2 = x.reshape(-1, H).contiguous(), y.reshape(-1, H).contiguous()
+    h = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    if x2.shape[0]:
+        _add_rms_norm_kernel[(x2.shape[0],)](x2, y2, w, h, out, H, x2.stride(0), y2.stride(0), h.stride(0),
+                                              out.stride(0), float(eps), BH=_np2(H), num_warps=4 if H >= 1024 else 1)
+    return h.reshape(x.shape), out.reshape(x.shape)
 
 
 @triton.jit

@@ -151,9 +151,9 @@ class Submod1(Island):
             # Inductor's reinplacing would do this inside a compiled piece: `residual` looks dead
             # to this graph, but it is graph 0's output and its holder still reads it.
             h = residual.add_(attn)
+            x = ops.rms_norm(h, self.w.post_attention_layernorm, c.rms_norm_eps)
         else:
-            h = residual + attn
-        x = ops.rms_norm(h, self.w.post_attention_layernorm, c.rms_norm_eps)
+            h, x = ops.add_rms_norm(residual, attn, self.w.post_attention_layernorm, c.rms_norm_eps)
         n = self.ctx.num_actual_tokens if "frozen-python-state" in self.hazards else None
         if n is not None:
             # vLLM's MoE trims to the forward context's token count: a Python int a graph freezes.
@@ -161,8 +161,8 @@ class Submod1(Island):
             m[:n] = self.moe(x[:n])
         else:
             m = self.moe(x)
-        hidden = h + m
-        return {"hidden": hidden, "next_normed": ops.rms_norm(hidden, self.next_norm, c.rms_norm_eps)}
+        hidden, next_normed = ops.add_rms_norm(h, m, self.next_norm, c.rms_norm_eps)
+        return {"hidden": hidden, "next_normed": next_normed}
 
 
 class CanaryHead(Island):

@@ -260,7 +260,7 @@ def moe(x, P, top_k, renormalize):
         remaining = remaining.scatter(-1, i, float("-inf"))
     weights, ids = torch.cat(values, -1), torch.cat(ids, -1)
     if renormalize:
-        weights = weights / weights.sum(-1, keepdim=True)
+        weights = weights / sum((weights[:, j:j + 1] for j in range(1, top_k)), weights[:, 0:1])  # k order
     h = x.new_zeros(T, top_k, I2)
     for e in range(E):
         h_e = linear(x, (w13[e], None if s13 is None else s13[e]))
