@@ -13,7 +13,6 @@ import triton
 import triton.language as tl
 import triton.testing
 
-from kernels.moe.common import router_probs
 from kernels.moe.vectorized import moe_vectorized
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -284,14 +283,58 @@ _DOWN_SPACE = [({"BN": 4}, 4, 2), ({"BN": 8}, 4, 2), ({"BN": 16}, 4, 2), ({"BN":
 
 
 @triton.jit
-def _route_kernel(p_ptr, w_ptr, id_ptr, E, sp, RENORM: tl.constexpr, TOPK: tl.constexpr, BE: tl.constexpr,
-                  BKK: tl.constexpr):
-    """Token t: the TOPK largest probabilities, ties to the lowest expert, in descending order, and
-    their weights (divided by their sum, summed in k order, when RENORM): `topk_sorted` +
-    `renormalized` in one program, with no sort."""
+def _tree_sum(x, LEVELS: tl.constexpr):
+    """`kernels._math.tree_sum` of a 1-D block of 2**LEVELS values: x[:n/2] + x[n/2:], repeated (a
+    sum over an axis of two is one add, so the order is exactly the reference's)."""
+    for _ in tl.static_range(LEVELS):
+        x = tl.sum(tl.reshape(x, (2, x.shape[0] // 2)), axis=0)
+    return tl.sum(x, axis=0)
+
+
+@triton.jit
+def _logits_kernel(x_ptr, w_ptr, o_ptr, N, H, sx, sw, so, BE: tl.constexpr, BH: tl.constexpr, LH: tl.constexpr):
+    """Token t, rows re of w: `fixed_order_linear` (exact fp32 products, pairwise sums in the
+    reference's order, one rounding)."""
+    t = tl.program_id(0)
+    re = tl.program_id(1) * BE + tl.arange(0, BE)
+    em = re < N
+    rh = tl.arange(0, BH)
+    hm = rh < H
+    xv = tl.load(x_ptr + t * sx + rh, mask=hm, other=0.0).to(tl.float32)
+    wv = tl.load(w_ptr + re[:, None] * sw + rh[None, :], mask=em[:, None] & hm[None, :], other=0.0).to(tl.float32)
+    prod = _mul(wv, xv[None, :])
+    for _ in tl.static_range(LH):
+        prod = tl.sum(tl.reshape(prod, (BE, 2, prod.shape[1] // 2)), axis=1)
+    tl.store(o_ptr + t * so + re, tl.sum(prod, axis=1).to(o_ptr.dtype.element_ty), mask=em)
+
+
+def fixed_order_linear(x, w, BE: int = 2):
+    """`kernels.moe.common.fixed_order_linear` in one launch."""
+    T, H = x.shape
+    N = w.shape[0]
+    out = torch.empty(T, N, dtype=x.dtype, device=x.device)
+    if T and N:
+        w = w.contiguous()
+        BH = _np2(H)
+        _logits_kernel[(T, triton.cdiv(N, BE))](x, w, out, N, H, x.stride(0), w.stride(0), out.stride(0), BE=BE,
+                                                BH=BH, LH=BH.bit_length() - 1, num_warps=4)
+    return out
+
+
+@triton.jit
+def _route_kernel(l_ptr, x_ptr, gw_ptr, w_ptr, id_ptr, gl_ptr, E, H, sl, sx, RENORM: tl.constexpr,
+                  TOPK: tl.constexpr, BE: tl.constexpr, LE: tl.constexpr, BKK: tl.constexpr, BH: tl.constexpr,
+                  LH: tl.constexpr):
+    """Token t, from its bf16 router logits: the softmax (fp32, `router_probs`), the TOPK largest
+    probabilities (ties to the lowest expert, descending: repeated argmax, no sort) and their
+    weights (`renormalized`, summed in k order, when RENORM); and the shared expert's gate logit
+    (`gate_logit`). One program per token; every sum in the reference's order."""
     t = tl.program_id(0)
     re = tl.arange(0, BE)
-    p = tl.load(p_ptr + t * sp + re, mask=re < E, other=float("-inf"))
+    em = re < E
+    logit = tl.load(l_ptr + t * sl + re, mask=em, other=float("-inf")).to(tl.float32)
+    ex = tl.where(em, _exp(logit - tl.max(logit, axis=0)), 0.0)
+    p = tl.where(em, _div(ex, _tree_sum(ex, LE)), float("-inf"))
     rk = tl.arange(0, BKK)
     vals = tl.zeros((BKK,), tl.float32)
     ids = tl.zeros((BKK,), tl.int64)
@@ -309,6 +352,11 @@ def _route_kernel(p_ptr, w_ptr, id_ptr, E, sp, RENORM: tl.constexpr, TOPK: tl.co
     km = rk < TOPK
     tl.store(w_ptr + t * TOPK + rk, vals, mask=km)
     tl.store(id_ptr + t * TOPK + rk, ids, mask=km)
+    rh = tl.arange(0, BH)
+    hm = rh < H
+    xv = tl.load(x_ptr + t * sx + rh, mask=hm, other=0.0).to(tl.float32)
+    gv = tl.load(gw_ptr + rh, mask=hm, other=0.0).to(tl.float32)
+    tl.store(gl_ptr + t, _tree_sum(_mul(xv, gv), LH).to(gl_ptr.dtype.element_ty))
 
 
 @triton.autotune(configs=_configs(_UP_SPACE, ({"BN": 16, "BK": 512}, 4, 2)),
@@ -421,16 +469,22 @@ def _moe_down_kernel(act_ptr, acts_ptr, ids_ptr, wt_ptr, w2_ptr, w2s_ptr, sw2_pt
     tl.store(o_ptr + t * s_o + rn, out.to(dt), mask=nm)
 
 
-def route(probs, top_k, renormalize):
-    """(weights fp32 [T, k], ids int64 [T, k]) of `topk_sorted` + `renormalized`, one launch."""
-    T, E = probs.shape
-    probs = probs.contiguous()
-    weights = torch.empty(T, top_k, dtype=torch.float32, device=probs.device)
-    ids = torch.empty(T, top_k, dtype=torch.long, device=probs.device)
+def route(x, router_w, shared_gate_w, top_k, renormalize):
+    """(weights fp32 [T, k], ids int64 [T, k], gate logit [T, 1] in x's dtype): the router's
+    logits in one launch, the rest in another."""
+    T, H = x.shape
+    E = router_w.shape[0]
+    logits = fixed_order_linear(x, router_w)
+    weights = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
+    ids = torch.empty(T, top_k, dtype=torch.long, device=x.device)
+    gate = torch.empty(T, 1, dtype=x.dtype, device=x.device)
     if T:
-        _route_kernel[(T,)](probs, weights, ids, E, probs.stride(0), RENORM=bool(renormalize), TOPK=top_k,
-                            BE=_np2(E), BKK=_np2(top_k), num_warps=4 if E >= 512 else 2)
-    return weights, ids
+        BE, BH = _np2(E), _np2(H)
+        _route_kernel[(T,)](logits, x, shared_gate_w.reshape(-1).contiguous(), weights, ids, gate, E, H,
+                            logits.stride(0), x.stride(0), RENORM=bool(renormalize), TOPK=top_k, BE=BE,
+                            LE=BE.bit_length() - 1, BKK=_np2(top_k), BH=BH, LH=BH.bit_length() - 1,
+                            num_warps=4)
+    return weights, ids, gate
 
 
 def moe(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale, shared_w2, shared_w2_scale,
@@ -446,8 +500,7 @@ def moe(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
     if T == 0:
         return out
     x = x.contiguous()
-    # router logits (bf16 matmul) and softmax stay torch's, as the reference computes them
-    weights, ids = route(router_probs(x, router_w), top_k, renormalize)
+    weights, ids, gate_logit = route(x, router_w, shared_gate_w, top_k, renormalize)
     I = w13.shape[1] // 2
     Is = sw13.shape[0] // 2
     w13s, w2s = w13_scale.float().contiguous(), w2_scale.float().contiguous()
@@ -458,7 +511,6 @@ def moe(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
     _moe_up_kernel[lambda meta: (P + T, triton.cdiv(max(I, Is), meta["BN"]))](
         x, ids, w13, w13s, act, sw13, sw13s, acts, I, Is, top_k, P, x.stride(0), w13.stride(0), w13.stride(1),
         w13s.stride(0), act.stride(0), sw13.stride(0), acts.stride(0), _np2(min(P + T, 256)), H=H)
-    gate_logit = torch.nn.functional.linear(x, shared_gate_w)  # [T, 1], the reference's bf16 matmul
     _moe_down_kernel[lambda meta: (T, triton.cdiv(H, meta["BN"]))](
         act, acts, ids, weights, w2, w2s, sw2, sw2s, gate_logit, out, H, I, Is, act.stride(0),
         acts.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), sw2.stride(0), gate_logit.stride(0),
