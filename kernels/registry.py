@@ -203,6 +203,19 @@ def using(**selections: str) -> Iterator[dict[str, str]]:
                 _selected[op] = prev
 
 
+@contextmanager
+def defaults() -> Iterator[None]:
+    """Temporarily forget every explicit selection (e.g. CPU work inside a run that selected GPU
+    kernels for the device)."""
+    saved = dict(_selected)
+    _selected.clear()
+    try:
+        yield
+    finally:
+        _selected.clear()
+        _selected.update(saved)
+
+
 def describe() -> dict[str, dict]:
     """op -> {"selected": name, "providers": {name: {"available": bool, "reason": str}}}."""
     out = {}

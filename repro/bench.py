@@ -483,7 +483,14 @@ def applicable_repairs(mode: str, provider_name: str) -> list[str]:
 
 def tiny_rates(steps: int = 60, examples: int = 20, seed: int = 0) -> dict:
     """On the CPU tape with the embedded tiny checkpoint: lockstep steps/s per mode (eager and
-    replay copies in lockstep, compared every step) and Hypothesis examples/s at baseline."""
+    replay copies in lockstep, compared every step) and Hypothesis examples/s at baseline. Runs
+    on the default kernel providers: a `--kernels` selection is for the device, not the CPU."""
+    from kernels import registry
+    with registry.defaults():
+        return _tiny_rates(steps, examples, seed)
+
+
+def _tiny_rates(steps: int, examples: int, seed: int) -> dict:
     from .graphs import TapeProvider
     from .hunt import hunt
     from .islands import Model

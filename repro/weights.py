@@ -65,6 +65,28 @@ class GDNWeights:
     dt_bias: torch.Tensor  # [Hv]
     norm_weight: torch.Tensor  # [dv], the gated norm's plain weight
     out_proj: Linear  # [H, Hv*dv]
+    in_proj: Linear | None = None  # after fuse_in_proj(): rows [qkv | z | b | a], the four views of it
+
+
+def fuse_in_proj(g: GDNWeights) -> GDNWeights:
+    """Stack the four W8A8 input projections into one matrix `g.in_proj` and re-point the four at
+    row views of it (no second copy). One GEMM of the stack gives the four outputs bit for bit:
+    the activation scale is per token and every output channel has its own weight row and scale,
+    so nothing couples the parts (for BF16 a library GEMM could sum in another order: those are
+    left apart)."""
+    parts = (g.in_proj_qkv, g.in_proj_z, g.in_proj_b, g.in_proj_a)
+    if g.in_proj is not None or not all(p.quantized for p in parts) or \
+            len({(p.weight.dtype, p.in_features, p.weight.device) for p in parts}) != 1:
+        return g
+    weight = torch.cat([p.weight for p in parts])
+    scale = torch.cat([p.scale.reshape(-1) for p in parts])
+    r = 0
+    for p in parts:
+        n = p.out_features
+        p.weight, p.scale = weight[r:r + n], scale[r:r + n].view(p.scale.shape)
+        r += n
+    g.in_proj = Linear(weight, scale)
+    return g
 
 
 @dataclass

@@ -336,3 +336,26 @@ def test_check_all_reports_without_raising(tmp_path):
     assert any(P + "2.mlp.experts.1.down_proj.weight" in s and "missing" in s for s in probs)
     assert any(P + "0.input_layernorm.weight" in s and "[3]" in s for s in probs)
     assert any(P + "1.extra.weight" in s and "unexpected" in s for s in probs)
+
+
+@pytest.mark.parametrize("quantised", ["production", "none"])
+def test_fused_in_proj_gives_the_four_projections_bit_for_bit(tmp_path, quantised):
+    """submod0 runs its four input projections as one GEMM of the stacked W8A8 weights: the same
+    bits as four, the four re-pointed at views of the stack (no second copy); BF16 left apart."""
+    from repro.islands.base import linear
+    from repro.weights import fuse_in_proj
+    ck = Checkpoint.open(make_tiny(tmp_path / quantised, quantised=quantised))
+    g = ck.load_layer(ck.config.gdn_layers()[0]).gdn
+    four = (g.in_proj_qkv, g.in_proj_z, g.in_proj_b, g.in_proj_a)
+    x = (torch.randn(7, ck.config.hidden_size, generator=torch.Generator().manual_seed(0)) * 3).bfloat16()
+    separate = [linear(x, p) for p in four]
+    fuse_in_proj(g)
+    if quantised == "none":
+        assert g.in_proj is None
+        return
+    ptr = g.in_proj.weight.untyped_storage().data_ptr()
+    assert all(p.weight.untyped_storage().data_ptr() == ptr for p in four)
+    fused = linear(x, g.in_proj).split([p.out_features for p in four], dim=-1)
+    for a, b in zip(fused, separate):
+        assert torch.equal(a, b)
+    assert [torch.equal(linear(x, p), s) for p, s in zip(four, separate)] == [True] * 4  # the views still work

@@ -136,3 +136,16 @@ def test_islands_replay_equals_eager_on_triton(tiny_path, mode):
                 continue
             r = run_case(model, provider, Case(island, mode), seq)
             assert r.steps > 0 and not r.diverged, r.first_divergence
+
+
+def test_rms_norm_gated_reads_z_as_a_column_slice():
+    """z comes from submod0's stacked projection: a [T, Hv, dv] view with a wide row stride. The
+    kernel reads it in place, with the bits it gives a contiguous copy."""
+    _needs_triton()
+    x, z, w, eps = sample_args("rms_norm_gated", device="cuda", seed=5, T=5, Hv=4, dv=16)
+    wide = torch.randn(5, 3 * 64 + 8, device="cuda").to(z.dtype)
+    wide[:, 64:128] = z.reshape(5, 64)
+    zv = wide[:, 64:128].view(5, 4, 16)
+    assert not zv.is_contiguous()
+    with registry.using(rms_norm_gated="triton"):
+        assert torch.equal(torch.ops.repro.rms_norm_gated(x, zv, w, eps), torch.ops.repro.rms_norm_gated(x, z, w, eps))

@@ -103,6 +103,15 @@ def test_using_restores_previous_selection():
     assert registry.selected("moe") == "reference"
 
 
+def test_defaults_forgets_selections_for_a_while():
+    registry.select("moe", "reference")
+    with registry.using(w8a8_linear="reference"):
+        with registry.defaults():
+            assert registry.selected("moe") == "torch" and registry.selected("w8a8_linear") == "torch"
+        assert registry.selected("moe") == "reference" and registry.selected("w8a8_linear") == "reference"
+    assert registry.selected("moe") == "reference" and registry.selected("w8a8_linear") == "torch"
+
+
 def test_op_body_dispatches_to_selected_provider_at_call_time():
     calls = []
     real = registry._providers["w8a8_linear"]["reference"]

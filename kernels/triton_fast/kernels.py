@@ -291,6 +291,12 @@ def _tree_sum(x, LEVELS: tl.constexpr):
     return tl.sum(x, axis=0)
 
 
+_LOGITS_SPACE = [({"BE": 1}, 2, 1), ({"BE": 1}, 4, 1), ({"BE": 2}, 2, 1), ({"BE": 2}, 4, 1), ({"BE": 4}, 4, 1),
+                 ({"BE": 4}, 8, 1), ({"BE": 8}, 8, 1)]
+_ROUTE_SPACE = [({}, 1, 1), ({}, 2, 1), ({}, 4, 1), ({}, 8, 1)]
+
+
+@triton.autotune(configs=_configs(_LOGITS_SPACE, ({"BE": 2}, 4, 1)), key=["N", "H"], do_bench=_quick_bench)
 @triton.jit
 def _logits_kernel(x_ptr, w_ptr, o_ptr, N, H, sx, sw, so, BE: tl.constexpr, BH: tl.constexpr, LH: tl.constexpr):
     """Token t, rows re of w: `fixed_order_linear` (exact fp32 products, pairwise sums in the
@@ -308,7 +314,7 @@ def _logits_kernel(x_ptr, w_ptr, o_ptr, N, H, sx, sw, so, BE: tl.constexpr, BH: 
     tl.store(o_ptr + t * so + re, tl.sum(prod, axis=1).to(o_ptr.dtype.element_ty), mask=em)
 
 
-def fixed_order_linear(x, w, BE: int = 2):
+def fixed_order_linear(x, w):
     """`kernels.moe.common.fixed_order_linear` in one launch."""
     T, H = x.shape
     N = w.shape[0]
@@ -316,11 +322,12 @@ def fixed_order_linear(x, w, BE: int = 2):
     if T and N:
         w = w.contiguous()
         BH = _np2(H)
-        _logits_kernel[(T, triton.cdiv(N, BE))](x, w, out, N, H, x.stride(0), w.stride(0), out.stride(0), BE=BE,
-                                                BH=BH, LH=BH.bit_length() - 1, num_warps=4)
+        _logits_kernel[lambda meta: (T, triton.cdiv(N, meta["BE"]))](
+            x, w, out, N, H, x.stride(0), w.stride(0), out.stride(0), BH=BH, LH=BH.bit_length() - 1)
     return out
 
 
+@triton.autotune(configs=_configs(_ROUTE_SPACE, ({}, 4, 1)), key=["E", "H", "TOPK"], do_bench=_quick_bench)
 @triton.jit
 def _route_kernel(l_ptr, x_ptr, gw_ptr, w_ptr, id_ptr, gl_ptr, E, H, sl, sx, RENORM: tl.constexpr,
                   TOPK: tl.constexpr, BE: tl.constexpr, LE: tl.constexpr, BKK: tl.constexpr, BH: tl.constexpr,
@@ -482,8 +489,7 @@ def route(x, router_w, shared_gate_w, top_k, renormalize):
         BE, BH = _np2(E), _np2(H)
         _route_kernel[(T,)](logits, x, shared_gate_w.reshape(-1).contiguous(), weights, ids, gate, E, H,
                             logits.stride(0), x.stride(0), RENORM=bool(renormalize), TOPK=top_k, BE=BE,
-                            LE=BE.bit_length() - 1, BKK=_np2(top_k), BH=BH, LH=BH.bit_length() - 1,
-                            num_warps=4)
+                            LE=BE.bit_length() - 1, BKK=_np2(top_k), BH=BH, LH=BH.bit_length() - 1)
     return weights, ids, gate
 
 
@@ -570,24 +576,31 @@ def add_rms_norm(x, y, w, eps):
 
 
 @triton.jit
-def _rms_norm_gated_kernel(x_ptr, z_ptr, w_ptr, o_ptr, D, eps, BD: tl.constexpr):
+def _rms_norm_gated_kernel(x_ptr, z_ptr, w_ptr, o_ptr, D, R, sxt, sxr, szt, szr, eps, BD: tl.constexpr):
+    """Row (t, r) of [T, R, D] inputs (any row strides: z may be a column slice of a wider GEMM output)."""
     row = tl.program_id(0)
+    t = row // R
+    r = row % R
     offs = tl.arange(0, BD)
     m = offs < D
-    x = tl.load(x_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + row * D + offs, mask=m, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + t * sxt + r * sxr + offs, mask=m, other=0.0).to(tl.float32)
+    z = tl.load(z_ptr + t * szt + r * szr + offs, mask=m, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
-    r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
-    out = _mul(_mul(w, x * r), _silu(z))
+    rs = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    out = _mul(_mul(w, x * rs), _silu(z))
     tl.store(o_ptr + row * D + offs, out.to(o_ptr.dtype.element_ty), mask=m)
 
 
 def rms_norm_gated(x, z, w, eps):
     D = x.shape[-1]
-    x2, z2 = x.reshape(-1, D).contiguous(), z.reshape(-1, D).contiguous()
-    out = torch.empty(z2.shape, dtype=z.dtype, device=x.device)
-    if x2.shape[0]:
-        _rms_norm_gated_kernel[(x2.shape[0],)](x2, z2, w, out, D, float(eps), BD=_np2(D), num_warps=1)
+    x3, z3 = x.reshape(-1, x.shape[-2], D), z.reshape(-1, z.shape[-2], D)
+    x3 = x3 if x3.stride(-1) == 1 else x3.contiguous()
+    z3 = z3 if z3.stride(-1) == 1 else z3.contiguous()
+    out = torch.empty(z3.shape, dtype=z.dtype, device=x.device)
+    T, R = x3.shape[:2]
+    if T * R:
+        _rms_norm_gated_kernel[(T * R,)](x3, z3, w, out, D, R, x3.stride(0), x3.stride(1), z3.stride(0), z3.stride(1),
+                                         float(eps), BD=_np2(D), num_warps=1)
     return out.reshape(x.shape)
 
 

@@ -13,7 +13,7 @@ import torch
 from ..checkpoint import Checkpoint
 from ..config import GDN
 from ..errors import BadInput
-from ..weights import to_device
+from ..weights import fuse_in_proj, to_device
 from .gdn import CanaryHead, GDNCore, StateCache, Submod0, Submod1
 from .moe import MoEBlock, MoEIsland
 
@@ -46,6 +46,8 @@ class Model:
         self.layer = layer
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.weights = to_device(self.ckpt.load_layer(layer, tp_rank=tp_rank, tp_size=tp_size), self.device)
+        if self.weights.gdn is not None:
+            fuse_in_proj(self.weights.gdn)  # submod0's four projections in one launch
         self.head = to_device(self.ckpt.load_head(), self.device)
         if layer + 1 < cfg.num_hidden_layers:  # submod1 ends with the next layer's input norm
             name = self.ckpt.layer_prefix(layer + 1) + "input_layernorm.weight"

@@ -70,13 +70,17 @@ class Submod0(Island):
             # e.g. a oneDNN matmul on its own cached queue: it runs during capture, is not recorded
             with self.escape():
                 z = linear(x, g.in_proj_z)
+            qkv, b, a = linear(x, g.in_proj_qkv), linear(x, g.in_proj_b), linear(x, g.in_proj_a)
+        elif g.in_proj is not None:  # the four stacked (weights.fuse_in_proj): one GEMM, row views of it
+            qkv, z, b, a = linear(x, g.in_proj).split(
+                [p.out_features for p in (g.in_proj_qkv, g.in_proj_z, g.in_proj_b, g.in_proj_a)], dim=-1)
         else:
-            z = linear(x, g.in_proj_z)
+            qkv, z, b, a = (linear(x, p) for p in (g.in_proj_qkv, g.in_proj_z, g.in_proj_b, g.in_proj_a))
         out = {
-            "qkv": linear(x, g.in_proj_qkv),
+            "qkv": qkv,
             "z": z,
-            "b": linear(x, g.in_proj_b),
-            "a": linear(x, g.in_proj_a),
+            "b": b,
+            "a": a,
             "residual": residual,
             "core_out": torch.empty(x.shape[0], self.hv, self.cfg.linear_value_head_dim,
                                     dtype=torch.bfloat16, device=x.device),
