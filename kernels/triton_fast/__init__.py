@@ -6,8 +6,9 @@ Ops and what each kernel fuses (arithmetic rules are the ops' own, see each op's
   shared epilogue, one kernel: up to 8 rows one program per (row, output block), the weights
   read as int32 words and multiplied with `dp4a` (a GEMV), more rows int8 `tl.dot` tiles of 16
   rows. Bit-identical to the reference.
-- `moe`: router logits and softmax stay torch's (the reference's ops); one kernel picks the top-k
-  (repeated argmax, ties to the lowest expert: no sort) and renormalises; one quantises x and
+- `moe`: one kernel computes the router logits (exact products, the reference's fixed-order
+  sums); one the softmax, the top-k (repeated argmax, ties to the lowest expert: no sort), the
+  renormalisation and the shared expert's gate logit; one quantises x and
   runs each (token, choice) pair's gate/up rows + SiLU-and-mul, and the shared expert's, in one
   grid; one quantises the activations and runs the down rows of every choice (one tile of all
   choices' weights), the k-ordered combine, the shared expert's down rows and its sigmoid gate.

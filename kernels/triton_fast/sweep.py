@@ -2,12 +2,14 @@
 
     python3 -m kernels.triton_fast.sweep [--json FILE]
 
-For each decode shape of the real layer (W8A8 projections at one row, the routed experts' down
-rows of one token), every config of each variant is checked bit for bit against the production
-kernel and timed as a CUDA graph of `REPS` launches over rotating weight copies (more bytes than
-the L2 holds, no launch gaps), so the time per launch is what a decode graph would see. Prints
-the best config per (shape, variant) with its achieved bandwidth. A tool for choosing the
-autotuning spaces in `kernels.py`, not part of any test.
+For each decode shape of the real layer (W8A8 projections at one row), every config of the
+production `dp4a` GEMV (`kernels._w8a8_rows_kernel`) and of the int32-products GEMV it replaced
+is checked bit for bit against the autotuned production call and timed as a CUDA graph of `REPS`
+launches over rotating weight copies (more bytes than the L2 holds, no launch gaps), so the time
+per launch is what a decode graph would see. Prints the best config per (shape, variant) with its
+achieved bandwidth. A tool for choosing the autotuning spaces in `kernels.py`, not part of any
+test. (`docs/h200/sweep-gemv.log` is its first version's output, whose `dp4a` variant became the
+production kernel.)
 """
 from __future__ import annotations
 
@@ -26,15 +28,9 @@ REPS = 8
 
 
 @triton.jit
-def _dp4a(a, b, c):
-    return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
-                                     dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
 def gemv_unrolled(x_ptr, w_ptr, ws_ptr, o_ptr, N, sx, swn, so, KD: tl.constexpr, BN: tl.constexpr,
                   BK: tl.constexpr):
-    """`_w8a8_rows_kernel` without bias, K a compile-time constant: the K loop unrolls."""
+    """The GEMV before `dp4a`, for comparison: int32 products in registers, K loop unrolled."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     rk = tl.arange(0, BK)
@@ -51,32 +47,6 @@ def gemv_unrolled(x_ptr, w_ptr, ws_ptr, o_ptr, N, sx, swn, so, KD: tl.constexpr,
         acc += tl.sum(wv.to(tl.int32) * q[None, :], axis=1)
     ws = tl.load(ws_ptr + rn, mask=nm, other=0.0).to(tl.float32)
     out = K._mul(K._mul(acc.to(tl.float32), scale), ws)
-    tl.store(o_ptr + t * so + rn, out.to(o_ptr.dtype.element_ty), mask=nm)
-
-
-@triton.jit
-def gemv_dp4a(x_ptr, w_ptr, ws_ptr, o_ptr, N, sx, swn4, so, KD: tl.constexpr, BN: tl.constexpr,
-              BK: tl.constexpr):
-    """The same with the weights read as int32 words of 4 int8 and `dp4a` products (exact)."""
-    t = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    rk = tl.arange(0, BK)
-    amax = tl.zeros((BK,), tl.float32)
-    for k0 in tl.static_range(0, KD, BK):
-        amax = tl.maximum(amax, tl.abs(tl.load(x_ptr + t * sx + k0 + rk).to(tl.float32)))
-    scale = K._act_scale(tl.max(amax, axis=0))
-    rn = pid_n * BN + tl.arange(0, BN)
-    nm = rn < N
-    r4 = tl.arange(0, BK // 4)
-    shifts = tl.arange(0, 4) * 8
-    acc = tl.zeros((BN, BK // 4), tl.int32)
-    for k0 in tl.static_range(0, KD, BK):
-        q = K._quantize(tl.load(x_ptr + t * sx + k0 + rk).to(tl.float32), scale).to(tl.int32)
-        packed = tl.sum((tl.reshape(q, (BK // 4, 4)) & 255) << shifts[None, :], axis=1)
-        wv = tl.load(w_ptr + rn[:, None] * swn4 + (k0 // 4 + r4)[None, :], mask=nm[:, None], other=0)
-        acc = _dp4a(wv, tl.broadcast_to(packed[None, :], (BN, BK // 4)), acc)
-    ws = tl.load(ws_ptr + rn, mask=nm, other=0.0).to(tl.float32)
-    out = K._mul(K._mul(tl.sum(acc, axis=1).to(tl.float32), scale), ws)
     tl.store(o_ptr + t * so + rn, out.to(o_ptr.dtype.element_ty), mask=nm)
 
 
@@ -123,7 +93,7 @@ def sweep_gemv(N: int, Kd: int, log) -> list[dict]:
     # production (autotuned) kernel
     t = _time_graph([lambda w=w: K.w8a8_linear(x, w, scale, None) for w in ws_])
     rows.append({"variant": "production", "N": N, "K": Kd, "config": "autotuned", "us": t})
-    for variant, fn in (("unrolled", gemv_unrolled), ("dp4a", gemv_dp4a)):
+    for variant in ("int32-products", "dp4a"):
         best = None
         for BN, BK, nw, st in SPACE:
             if BK > Kd or (BN > N and BN > 4):
@@ -131,9 +101,14 @@ def sweep_gemv(N: int, Kd: int, log) -> list[dict]:
             grid = (1, triton.cdiv(N, BN))
             wv = [w.view(torch.int32) if variant == "dp4a" else w for w in ws_]
             try:
-                def launch(w, BN=BN, BK=BK, nw=nw, st=st):
-                    fn[grid](x, w, scale, out, N, x.stride(0), w.stride(0), out.stride(0), KD=Kd, BN=BN, BK=BK,
-                             num_warps=nw, num_stages=st)
+                def launch(w, variant=variant, BN=BN, BK=BK, nw=nw, st=st):
+                    if variant == "dp4a":  # the production kernel, one config
+                        K._w8a8_rows_kernel.fn[grid](x, w, scale, scale, out, N, x.stride(0), w.stride(0),
+                                                     out.stride(0), 1, KD=Kd, HAS_BIAS=False, BN=BN, BK=BK,
+                                                     num_warps=nw, num_stages=st)
+                    else:
+                        gemv_unrolled[grid](x, w, scale, out, N, x.stride(0), w.stride(0), out.stride(0), KD=Kd,
+                                            BN=BN, BK=BK, num_warps=nw, num_stages=st)
                 ok = True
                 for w, r in zip(wv, ref):
                     launch(w)
@@ -160,7 +135,7 @@ def sweep_gemv(N: int, Kd: int, log) -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json")
-    p.add_argument("--shapes", default="8192x2048,4096x2048,2048x4096,32x2048")
+    p.add_argument("--shapes", default="12352x2048,2048x4096,8192x2048,32x2048")
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
