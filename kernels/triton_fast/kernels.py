@@ -217,7 +217,8 @@ def _w8a8_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, o_ptr, M, N, K, sxm, swn, som, MB,
 # which read each weight tile once per 16 rows.
 ROWS_MAX_M = 8
 _ROWS_SPACE = [({"BN": 16, "BK": 1024}, 8, 2), ({"BN": 8, "BK": 1024}, 8, 2), ({"BN": 8, "BK": 2048}, 8, 2),
-               ({"BN": 4, "BK": 2048}, 8, 2), ({"BN": 4, "BK": 2048}, 4, 2), ({"BN": 16, "BK": 512}, 4, 2)]
+               ({"BN": 4, "BK": 2048}, 8, 2), ({"BN": 4, "BK": 2048}, 4, 2), ({"BN": 16, "BK": 512}, 4, 2),
+               ({"BN": 32, "BK": 512}, 8, 2)]  # the last: best for the stacked in-projection (sweep-gemv-2.log)
 
 
 @triton.autotune(configs=_configs(_ROWS_SPACE, ({"BN": 16, "BK": 512}, 4, 2)),
