@@ -628,8 +628,9 @@ def format_profiles(res: BenchResult, top: int = 15) -> str:
         p = r.profile
         if not p:
             continue
+        unit = "ops" if p["what"].startswith("CPU") else "launches"
         out.append(f"profile chain {r.mode} B={r.batch}: {p['what']}, {p['total_us_per_replay']:.1f} us and "
-                   f"{p['launches_per_replay']:g} launches per replay ({p['replays']} replays; replay timed "
+                   f"{p['launches_per_replay']:g} {unit} per replay ({p['replays']} replays; replay timed "
                    f"{r.replay_us:.1f} us)")
         for k in p["kernels"][:top]:
             share = k["us_per_replay"] / p["total_us_per_replay"] if p["total_us_per_replay"] else 0.0

@@ -115,3 +115,31 @@ def test_token_chunking_is_exact(monkeypatch):
             assert torch.equal(ref, fast)
         else:
             torch.testing.assert_close(fast, ref, rtol=2e-2, atol=2e-2)
+
+
+def test_a_token_gets_the_same_bits_in_any_batch(monkeypatch):
+    """The router logits, softmax, renormalisation and shared gate sum in orders fixed by their
+    lengths, so a token's output does not depend on the rows beside it (a graph replayed at a
+    padded batch must match eager at the exact one); also with `fixed_order_linear` chunking."""
+    from kernels.moe import common
+    args = list(moe_args(torch.Generator().manual_seed(4), T=9, H=48, E=16, I=8, Is=8, top_k=4, quantized=True))
+    for provider in ("reference", "torch"):
+        with registry.using(moe=provider):
+            whole = moe(*args)
+            monkeypatch.setattr(common, "ROWS_PER_CHUNK", 1)  # one token per chunk
+            for rows in (slice(0, 1), slice(3, 5), slice(2, 9)):
+                part = moe(*([args[0][rows]] + args[1:]))
+                assert torch.equal(part, whole[rows]), (provider, rows)
+            monkeypatch.undo()
+
+
+def test_fixed_order_linear_is_the_pairwise_sum_of_exact_products():
+    from kernels._math import tree_sum
+    from kernels.moe.common import fixed_order_linear
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(3, 100, generator=g).bfloat16(), torch.randn(5, 100, generator=g).bfloat16()
+    got = fixed_order_linear(x, w)
+    exact = (x.double() @ w.double().T)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, tree_sum(x.float()[:, None, :] * w.float()[None], -1).bfloat16())
+    torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)  # one bf16 rounding from exact
