@@ -221,6 +221,24 @@ _ROWS_SPACE = [({"BN": 16, "BK": 1024}, 8, 2), ({"BN": 8, "BK": 1024}, 8, 2), ({
                ({"BN": 32, "BK": 512}, 8, 2)]  # the last: best for the stacked in-projection (sweep-gemv-2.log)
 
 
+@triton.jit
+def _row_scale(row_ptr, KD: tl.constexpr, BK: tl.constexpr):
+    """The activation scale of the KD values at row_ptr, read BK at a time (the K loop unrolls)."""
+    rk = tl.arange(0, BK)
+    amax = tl.zeros((BK,), tl.float32)
+    for k0 in tl.static_range(0, KD, BK):
+        amax = tl.maximum(amax, tl.abs(tl.load(row_ptr + k0 + rk, mask=(k0 + rk) < KD, other=0.0).to(tl.float32)))
+    return _act_scale(tl.max(amax, axis=0))
+
+
+@triton.jit
+def _row_words(row_ptr, k0: tl.constexpr, scale, KD: tl.constexpr, BK: tl.constexpr):
+    """Values k0 .. k0 + BK of the row quantised with `scale`, packed into BK / 4 int32 words."""
+    rk = tl.arange(0, BK)
+    xv = tl.load(row_ptr + k0 + rk, mask=(k0 + rk) < KD, other=0.0).to(tl.float32)
+    return _pack4(_quantize(xv, scale).to(tl.int32), BK)
+
+
 @triton.autotune(configs=_configs(_ROWS_SPACE, ({"BN": 16, "BK": 512}, 4, 2)),
                  key=["N", "KD", "MB"], do_bench=_quick_bench)
 @triton.jit
@@ -228,19 +246,13 @@ def _w8a8_rows_kernel(x_ptr, w_ptr, ws_ptr, b_ptr, o_ptr, N, sx, swn4, so, MB, K
                       HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
-    rk = tl.arange(0, BK)
     r4 = tl.arange(0, BK // 4)
-    amax = tl.zeros((BK,), tl.float32)
-    for k0 in tl.static_range(0, KD, BK):
-        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=(k0 + rk) < KD, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(xv))
-    scale = _act_scale(tl.max(amax, axis=0))
+    scale = _row_scale(x_ptr + t * sx, KD, BK)
     rn = pid_n * BN + tl.arange(0, BN)
     nm = rn < N
     acc = tl.zeros((BN, BK // 4), tl.int32)
     for k0 in tl.static_range(0, KD, BK):
-        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=(k0 + rk) < KD, other=0.0).to(tl.float32)
-        packed = _pack4(_quantize(xv, scale).to(tl.int32), BK)
+        packed = _row_words(x_ptr + t * sx, k0, scale, KD, BK)
         wm = nm[:, None] & ((k0 // 4 + r4) < KD // 4)[None, :]
         words = tl.load(w_ptr + rn[:, None] * swn4 + (k0 // 4 + r4)[None, :], mask=wm, other=0)
         acc = _dp4a_acc(words, packed, acc)
@@ -387,20 +399,14 @@ def _moe_up_kernel(x_ptr, ids_ptr, w_ptr, ws_ptr, act_ptr, sw_ptr, sws_ptr, acts
     obase = tl.where(routed, act_ptr + p * sact, acts_ptr + t * sacts)
     n_out = tl.where(routed, I, Is)
     rstride = tl.where(routed, swn4, ssw4)
-    rk = tl.arange(0, BK)
     r4 = tl.arange(0, BK // 4)
-    amax = tl.zeros((BK,), tl.float32)
-    for k0 in tl.static_range(0, H, BK):
-        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=(k0 + rk) < H, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(xv))
-    scale = _act_scale(tl.max(amax, axis=0))
+    scale = _row_scale(x_ptr + t * sx, H, BK)
     rn = pid_n * BN + tl.arange(0, BN)
     nm = rn < n_out
     acc_g = tl.zeros((BN, BK // 4), tl.int32)
     acc_u = tl.zeros((BN, BK // 4), tl.int32)
     for k0 in tl.static_range(0, H, BK):
-        xv = tl.load(x_ptr + t * sx + k0 + rk, mask=(k0 + rk) < H, other=0.0).to(tl.float32)
-        packed = _pack4(_quantize(xv, scale).to(tl.int32), BK)
+        packed = _row_words(x_ptr + t * sx, k0, scale, H, BK)
         wm = nm[:, None] & ((k0 // 4 + r4) < H // 4)[None, :]
         cols = (k0 // 4 + r4)[None, :]
         acc_g = _dp4a_acc(tl.load(wbase + rn[:, None] * rstride + cols, mask=wm, other=0), packed, acc_g)
