@@ -404,9 +404,7 @@ class Bench:
             spy = _MoESpy(e.submod1.moe)
 
             def eager_chain():
-                o0 = e.submod0(input_ids=ids)
-                e.gdn_core(qkv=o0["qkv"], b=o0["b"], a=o0["a"], core_out=o0["core_out"], meta=meta)
-                return e.submod1(core_out=o0["core_out"], z=o0["z"], residual=o0["residual"])
+                return e.chain(ids, meta)[2]
 
             e.submod1.moe = spy
             eager_chain()
@@ -417,19 +415,7 @@ class Bench:
             for mode in modes:
                 c = self._copy(batch)
                 runner = GraphRunner(c, self.provider, mode=mode, sizes=(batch,), max_tokens=batch)
-                runner.step(step)  # captures
-                cap = runner.captured[batch]
-                if mode == "full":
-                    fn = cap.graphs[0].replay
-                else:
-                    g0, g1 = cap.graphs
-                    o0 = cap.outs[0]
-                    m = decode_meta(batch, dev, c.cache.sentinel)
-
-                    def fn(g0=g0, g1=g1, o0=o0, m=m, c=c):
-                        g0.replay()
-                        c.gdn_core(qkv=o0["qkv"], b=o0["b"], a=o0["a"], core_out=o0["core_out"], meta=m)
-                        g1.replay()
+                fn = runner.replayer(step)  # captures, then replays as a step does
                 replay = self.clock(fn)
                 prof = kernel_profile(fn, dev, self.profile) if self.profile else None
                 rows.append(Row("chain", batch, eager, replay, fus, mode=mode, floor_bytes=fb, experts_used=used,
@@ -437,6 +423,7 @@ class Bench:
         return rows
 
     def repairs(self, batch: int, modes=MODES) -> list[Row]:
+        from .hazards import options_for
         from .runner import EagerRunner, GraphRunner
         tokens = _token_ids(batch, self.cfg.vocab_size, self.seed + batch)
         step = decode_batch(batch, tokens)
@@ -445,9 +432,9 @@ class Bench:
         eager = self.clock(lambda: eager_runner.step(step))
         for mode in modes:
             base = None
-            for repair in ["none"] + applicable_repairs(mode, self.provider.name):
-                reps = frozenset() if repair == "none" else frozenset({repair})
-                runner = GraphRunner(self._copy(batch), self.provider, mode=mode, sizes=(batch,), repairs=reps,
+            for repair in ["none"] + applicable_repairs(mode, self.provider.supports_streams):
+                opts = options_for((), () if repair == "none" else (repair,))
+                runner = GraphRunner(self._copy(batch), self.provider, mode=mode, sizes=(batch,), opts=opts.runner,
                                      max_tokens=batch)
                 runner.step(step)  # captures
                 t = self.clock(lambda: runner.step(step))
@@ -459,19 +446,18 @@ class Bench:
         return rows
 
 
-def applicable_repairs(mode: str, provider_name: str) -> list[str]:
+def applicable_repairs(mode: str, streams: bool) -> list[str]:
     """Repairs of `hazards.py` that can run at baseline in `mode` on this provider (a repair's
-    cost is what it adds when nothing is wrong). `declare` has no run-time path: left out."""
+    cost is what it adds when nothing is wrong). Repairs made in the islands' own code (declaring
+    a mutation, issuing on the capture stream) change nothing at baseline: left out."""
     from . import hazards as hz
     out: list[str] = []
-    for h in hz.HAZARDS.values():
-        if "chain" not in h.islands or mode not in h.modes or (h.device_only and provider_name == "cpu-tape"):
-            continue
+    for h in hz.planted(mode, streams):
         for r in h.repairs:
-            if r == "declare" or r in out:
+            if r in out or all(k.startswith("island.") for k in hz.REPAIRS[r].sets):
                 continue
             try:
-                hz.check([], [r], mode, provider_name)
+                hz.check([], [r], mode, streams)
             except BadInput:
                 continue
             out.append(r)

@@ -68,7 +68,7 @@ def _run(a) -> int:
         from .comm import run_forced_comm_cli
         return run_forced_comm_cli(a)
     provider = make_provider(a.device)
-    cases = plan(a.island, a.mode, a.hazard, a.repair, provider.name)
+    cases = plan(a.island, a.mode, a.hazard, a.repair, provider.supports_streams)
     path = _model_path(a)
     model_island = "moe" if a.island == "moe" else "submod0"
     model = Model(path, provider.device, a.layer, island=model_island)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import hazards as hz
 from .errors import BadInput, DeviceUnavailable
 
 ISLAND = "forced_comm"
@@ -62,28 +63,25 @@ class CommCase:
     def expect(self) -> str:
         """What a healthy stack gives. comm-graph-then-eager has no repair: clean on gloo/NCCL, and
         a divergence is the upstream bug to report (PyTorch 189403 on XPU)."""
-        unrepaired = [h for h in self.hazards
-                      if (h == "comm-noop-capture" and "eager-family=comm" not in self.repairs)
-                      or (h == "allreduce-no-clone" and "clone-input" not in self.repairs)]
-        return "diverged" if unrepaired else "clean"
+        return hz.expectation(self.hazards, self.repairs)
 
     def label(self) -> str:
         return ",".join(self.hazards) or "baseline"
 
 
-DEFAULT_PLAN = (
-    CommCase(),
-    CommCase(("comm-noop-capture",)),
-    CommCase(("comm-noop-capture",), ("eager-family=comm",)),
-    CommCase(("allreduce-no-clone",)),
-    CommCase(("allreduce-no-clone",), ("clone-input",)),
-    CommCase(("comm-graph-then-eager",)),
-)
+def _default_plan() -> list[CommCase]:
+    """Baseline, then each of the slice's hazards alone, without and with its first repair."""
+    cases = [CommCase()]
+    for h in hz.planted("piecewise", True, ISLAND):
+        cases.append(CommCase((h.name,)))
+        if h.repairs:
+            cases.append(CommCase((h.name,), (h.repairs[0],)))
+    return cases
 
 
 def plan(hazards=(), repairs=()) -> list[CommCase]:
     """Explicit knobs -> that one case; none -> baseline and every hazard with and without its repair."""
-    cases = [CommCase(tuple(hazards), tuple(repairs))] if (hazards or repairs) else list(DEFAULT_PLAN)
+    cases = [CommCase(tuple(hazards), tuple(repairs))] if (hazards or repairs) else _default_plan()
     for c in cases:
         c.mode  # noqa: B018  (refuses knobs forced_comm cannot honour)
     return cases
@@ -523,12 +521,13 @@ def _run_case(rank, ci, case: CommCase, weights, provider, group, control, spec,
     tp, dev = spec["tp"], weights.embed.device
     dtype = resolve_comm_dtype(spec["comm_dtype"], tp)
     mode = case.mode
+    opts = hz.options_for(case.hazards, case.repairs).comm
     eager = ForcedComm(weights, Communicator(group, dtype), "in-graph", max_tokens=spec["max_tokens"])
     replay = ForcedComm.build(None, tp_rank=rank, tp_size=tp, group=group, mode=mode, comm_dtype=spec["comm_dtype"],
-                              clone_input="clone-input" in case.repairs, max_tokens=spec["max_tokens"],
-                              weights=weights, noop_capture="comm-noop-capture" in case.hazards)
+                              clone_input=opts.clone_input, max_tokens=spec["max_tokens"],
+                              weights=weights, noop_capture=opts.noop_capture)
     runner = SliceRunner(replay, provider, spec["sizes"], spec["max_tokens"])
-    probe = "comm-graph-then-eager" in case.hazards
+    probe = opts.eager_after_replay
     pipelined = mode == "registered"  # step k's collective overlaps step k+1's piece
     kill = spec["kill"]
     hidden = weights.embed.shape[1]

@@ -101,7 +101,7 @@ def hunt_cli(a) -> int:
     mode = a.mode or ("full" if any(h in ("stale-pad", "pad-sentinel-mismatch") for h in a.hazard) else "piecewise")
     island = "chain" if a.island in ("all", None) else a.island
     from . import hazards as hz
-    hz.check(a.hazard, a.repair, mode, provider.name, island if island != "moe" else "moe")
+    hz.check(a.hazard, a.repair, mode, provider.supports_streams, island if island != "moe" else "moe")
     model = Model(_model_path(a), provider.device, a.layer, island="moe" if island == "moe" else "submod0")
     case = Case(island, mode, tuple(a.hazard), tuple(a.repair))
 

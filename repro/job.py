@@ -7,20 +7,22 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dataclasses import replace
+
 from . import hazards as hz
+from .capture import DEFAULT_SIZES
 from .errors import BadInput
 from .islands import Model
 from .lockstep import run_lockstep
-from .runner import DEFAULT_SIZES
 from .sequence import Sequence, random_sequence
 
-# Islands the single-rank job covers, and how each maps onto a runner setting.
+# Islands the single-rank job covers, and how each maps onto a runner setting: the capture mode
+# and the families that run eagerly around it.
 ISLAND_MODES = {
-    "submod0": ("piecewise", ("eager-family=submod1",)),  # only submod0 graphed
-    "submod1": ("piecewise", ("eager-family=submod0",)),  # only submod1 graphed
-    "gdn_core": ("full", ()),  # the splitting op only enters a graph in full mode
+    "submod0": ("piecewise", frozenset({"submod1"})),  # only submod0 graphed
+    "submod1": ("piecewise", frozenset({"submod0"})),  # only submod1 graphed
+    "gdn_core": ("full", frozenset()),  # the splitting op only enters a graph in full mode
 }
-ISLAND_REPAIRS = {"declare": "undeclared-mutation", "capture-stream": "escaped-capture"}
 
 
 @dataclass
@@ -56,7 +58,7 @@ class CaseResult:
                 "eager_us": round(self.eager_us, 1), "replay_us": round(self.replay_us, 1)}
 
 
-def plan(island: str, mode: str | None, hazards, repairs, provider_name: str) -> list[Case]:
+def plan(island: str, mode: str | None, hazards, repairs, streams: bool) -> list[Case]:
     """Explicit hazards/repairs -> one case per mode; none -> baseline plus every applicable hazard."""
     if island in ("all", None):
         islands = ["chain"] if (hazards or repairs) else ["chain", "submod0", "submod1", "gdn_core", "moe"]
@@ -70,48 +72,35 @@ def plan(island: str, mode: str | None, hazards, repairs, provider_name: str) ->
         isl_modes = [ISLAND_MODES[isl][0]] if isl in ISLAND_MODES else (["piecewise"] if isl == "moe" else modes)
         for m in isl_modes:
             if hazards or repairs:
-                hz.check(hazards, repairs, m, provider_name, "chain" if isl != "moe" else "moe")
-                cases.append(Case(isl, m, tuple(hazards), tuple(repairs), _expect(hazards, repairs)))
+                hz.check(hazards, repairs, m, streams, "chain" if isl != "moe" else "moe")
+                cases.append(Case(isl, m, tuple(hazards), tuple(repairs), hz.expectation(hazards, repairs)))
             else:
                 cases.append(Case(isl, m))
     if hazards or repairs or island not in ("all", None, "chain"):
         return cases
     for m in modes:
-        for name, h in hz.HAZARDS.items():
-            if m not in h.modes or "chain" not in h.islands or (h.device_only and provider_name == "cpu-tape"):
-                continue
-            cases.append(Case("chain", m, (name,), (), "finding" if h.detected_as == "finding" else "diverged"))
+        for h in hz.planted(m, streams):
+            cases.append(Case("chain", m, (h.name,), (), hz.expectation((h.name,), ())))
             if h.repairs:
-                cases.append(Case("chain", m, (name,), (h.repairs[0],), "clean"))
+                cases.append(Case("chain", m, (h.name,), (h.repairs[0],), "clean"))
     return cases
-
-
-def _expect(hazards, repairs) -> str:
-    live = [h for h in hazards if not any(r in repairs for r in hz.HAZARDS[h].repairs)]
-    if not live:
-        return "clean"
-    return "finding" if all(hz.HAZARDS[h].detected_as == "finding" for h in live) else "diverged"
 
 
 def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 0, sizes=DEFAULT_SIZES,
              trace=None, progress=None) -> CaseResult:
-    repairs = set(case.repairs)
-    hazards = set(case.hazards)
+    opts = hz.options_for(case.hazards, case.repairs)
     if case.island in ISLAND_MODES:
-        repairs |= set(ISLAND_MODES[case.island][1])
-    # repairs made in the islands' code (declare the mutation, issue on the capture stream)
-    copy_hazards = {h for h in hazards if not any(ISLAND_REPAIRS.get(r) == h for r in repairs)}
-    if "pad-sentinel-mismatch" in hazards:
-        sentinel = -1  # the kernel skips only -1; the runner pads with 0 (see hazards.py)
-    copy_sentinel = sentinel
+        families = opts.runner.eager_families | ISLAND_MODES[case.island][1]
+        opts = replace(opts, runner=replace(opts.runner, eager_families=families))
+    copy_sentinel = opts.sentinel(sentinel)  # a hazard may give the kernels another sentinel
     if case.island == "moe":
         from .lockstep import run_moe_lockstep
         res = run_moe_lockstep(model, provider, seq.batches(), sizes=sizes)
     else:
         usable = None if copy_sentinel == 0 else range(seq.num_slots)
         batches = seq.batches(usable)
-        res = run_lockstep(lambda hzs: model.copy(hzs, num_slots=seq.num_slots, sentinel=copy_sentinel),
-                           provider, batches, mode=case.mode, hazards=copy_hazards, repairs=repairs,
+        res = run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=copy_sentinel),
+                           provider, batches, mode=case.mode, opts=opts,
                            sizes=sizes, trace=trace, progress=progress, max_tokens=seq.max_tokens)
     return CaseResult(case, res.steps, res.diverged, res.divergence.to_json() if res.divergence else None,
                       [f.to_json() for f in res.findings], res.eager_us, res.replay_us)

@@ -16,7 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from .batch import StepBatch
-from .runner import REPLAY_ONLY, EagerRunner, GraphRunner, LayerCopy
+from .capture import DEFAULT_SIZES
+from .islands.layer import LayerCopy
+from .options import Options
+from .runner import EagerRunner, GraphRunner, PieceRunner
 
 
 def digest(t) -> str:
@@ -123,19 +126,18 @@ class LockstepResult:
 
 
 class Lockstep:
-    """An eager copy and a replay copy of the islands stepping together. `make_copy(hazards)`
-    builds one copy with its own state cache."""
+    """An eager copy and a replay copy of the islands stepping together. `make_copy(island_opts)`
+    builds one copy with its own state cache; `opts` (`hazards.options_for`) says what the case's
+    knobs change in each copy and in the runner."""
 
-    def __init__(self, make_copy, provider, mode="piecewise", hazards=(), repairs=(), sizes=None,
+    def __init__(self, make_copy, provider, mode="piecewise", opts: Options = Options(), sizes=None,
                  max_tokens=64, trace=None):
-        hazards = frozenset(hazards)
         self.provider, self.trace = provider, trace
-        self.eager_copy = make_copy(hazards - REPLAY_ONLY)
-        self.replay_copy = make_copy(hazards)
+        self.eager_copy = make_copy(opts.eager_island)
+        self.replay_copy = make_copy(opts.replay_island)
         self.eager = EagerRunner(self.eager_copy)
-        kw = {"sizes": sizes} if sizes else {}
-        self.graph = GraphRunner(self.replay_copy, provider, mode=mode, hazards=hazards,
-                                 repairs=frozenset(repairs), max_tokens=max_tokens, **kw)
+        self.graph = GraphRunner(self.replay_copy, provider, mode=mode, sizes=sizes or DEFAULT_SIZES,
+                                 opts=opts.runner, max_tokens=max_tokens)
         self.t_eager = self.t_replay = 0.0
         self.steps = 0
         self.prev: StepBatch | None = None
@@ -168,9 +170,9 @@ class Lockstep:
                               self.t_replay / n * 1e6, self.graph.replays, self.graph.captures)
 
 
-def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise", hazards=(), repairs=(),
+def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise", opts: Options = Options(),
                  sizes=None, trace=None, progress=None, max_tokens=64) -> LockstepResult:
-    ls = Lockstep(make_copy, provider, mode, hazards, repairs, sizes,
+    ls = Lockstep(make_copy, provider, mode, opts, sizes,
                   max(max_tokens, max((b.num_tokens for b in batches), default=1)), trace)
     div = None
     for i, batch in enumerate(batches):
@@ -185,7 +187,6 @@ def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise"
 def run_moe_lockstep(model, provider, batches, sizes=None, progress=None) -> LockstepResult:
     """The `moe` island alone: eager vs one graph per size, fed each step's token rows."""
     from .islands.moe import MoEIsland
-    from .runner import DEFAULT_SIZES, PieceRunner
 
     eager = MoEIsland(model.cfg, model.weights, model.head)
     runner = PieceRunner(MoEIsland(model.cfg, model.weights, model.head), provider, sizes or DEFAULT_SIZES,

@@ -8,11 +8,15 @@ a side stream with an event wait. Shrinking turns a long failing run into a shor
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from .batch import StepBatch
+from .hazards import options_for
+from .capture import DEFAULT_SIZES
 from .lockstep import Lockstep
 from .sequence import _token
 
@@ -25,9 +29,11 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
     class LockstepMachine(RuleBasedStateMachine):
         def __init__(self):
             super().__init__()
-            self.ls = Lockstep(lambda h: model.copy(h, num_slots=num_slots, sentinel=sentinel), provider,
-                               mode=mode, hazards=hazards, repairs=repairs, max_tokens=MAX_TOKENS * 2)
-            first = 1 if sentinel == 0 else 0
+            opts = options_for(hazards, repairs)
+            kernel_sentinel = opts.sentinel(sentinel)
+            self.ls = Lockstep(lambda o: model.copy(o, num_slots=num_slots, sentinel=kernel_sentinel),
+                               provider, mode=mode, opts=opts, max_tokens=MAX_TOKENS * 2)
+            first = 1 if kernel_sentinel == 0 else 0
             self.free = list(range(first, first + num_slots))
             self.running: dict[int, list[int]] = {}  # rid -> [slot, position]
             self.pending: list[tuple[int, int]] = []  # (rid, prompt_len)
@@ -92,7 +98,7 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
             self.churn = [torch.empty(n, dtype=torch.uint8, device=provider.device) for n in sizes]
             del self.churn[: len(sizes) // 2]
 
-        @rule(size=st.sampled_from((1, 2, 4, 8, 16)))
+        @rule(size=st.sampled_from(DEFAULT_SIZES))
         def recapture(self, size):
             self.ls.graph.captured.pop(size, None)
 
@@ -100,8 +106,7 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
         @rule()
         def consumer_on_side_stream(self):
             g = self.ls.graph
-            g.hazards = g.hazards | {"side-stream-no-wait"}
-            g.repairs = g.repairs | {"event-wait"}
+            g.opts = replace(g.opts, side_stream=True, event_wait=True)
 
         @invariant()
         def replay_equals_eager(self):

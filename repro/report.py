@@ -237,7 +237,7 @@ def repair_rows(doc: dict, r: dict, steps, seqj, model, sentinel: int | None) ->
                     sentinel=sent)
     for rep in wanted:
         try:
-            hz.check(r["hazards"], list(r["repairs"]) + [rep], r["mode"], provider.name,
+            hz.check(r["hazards"], list(r["repairs"]) + [rep], r["mode"], provider.supports_streams,
                      r["island"] if r["island"] == "moe" else "chain")
         except Refused as e:
             rows.append(RepairRow(rep, None, None, None, "refused", str(e)))

@@ -57,8 +57,8 @@ def test_experts_used_are_the_distinct_routed_ones(model):
 
 
 def test_repairs_that_run_at_baseline_per_mode():
-    piecewise = bench.applicable_repairs("piecewise", "cpu-tape")
-    full = bench.applicable_repairs("full", "cpu-tape")
+    piecewise = bench.applicable_repairs("piecewise", False)
+    full = bench.applicable_repairs("full", False)
     assert {"clone-outputs", "private-pool", "copy-inputs", "recapture"} <= set(piecewise)
     assert {"sanitize-pad", "recapture"} <= set(full)
     assert not any(r.startswith("eager-family=") for r in full)  # refused in full mode

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from repro.comm import DEFAULT_PLAN, CommCase, exit_code, plan, run_forced_comm, run_forced_comm_cli
+from repro.comm import CommCase, exit_code, plan, run_forced_comm, run_forced_comm_cli
 from repro.errors import BadInput
 from repro.islands.forced_comm import comm_mode_for, load_slice, shard_shared_expert
 from repro.tiny import default_checkpoint
@@ -47,7 +47,7 @@ def _run(ckpt, **kw):
 @pytest.fixture(scope="module")
 def tp2(ckpt):
     """Every default case on 2 ranks over gloo, one launch."""
-    res = _run(ckpt, tp=2, device="cpu", cases=DEFAULT_PLAN, timeout=120)
+    res = _run(ckpt, tp=2, device="cpu", cases=plan(), timeout=120)
     assert res["failure"] is None, res["failure"]
     return res
 
@@ -207,7 +207,7 @@ def test_a_hung_rank_is_reported_as_hung_with_where_it_stopped(ckpt):
 @pytest.mark.cuda
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 NVIDIA GPUs")
 def test_every_case_on_2_gpus_with_nccl_and_cuda_graphs(ckpt):
-    res = _run(ckpt, tp=2, device="cuda", cases=DEFAULT_PLAN, timeout=300)
+    res = _run(ckpt, tp=2, device="cuda", cases=plan(), timeout=300)
     assert res["failure"] is None, res["failure"]
     assert res["backend"] == "nccl" and res["graph_provider"] == "cuda"
     cases = _by_case(res)

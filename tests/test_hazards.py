@@ -58,7 +58,7 @@ def test_planted_hazard_is_detected_and_its_repair_clears_it(setup, hazard, mode
         assert bad.diverged and bad.first_divergence["step"] < 200
     for repair in h.repairs:
         try:
-            hz.check([hazard], [repair], mode, provider.name)
+            hz.check([hazard], [repair], mode, provider.supports_streams)
         except Refused:
             continue  # e.g. eager-family=... in full mode
         good = run_case(model, provider, Case("chain", mode, (hazard,), (repair,)), SEQ)
@@ -91,13 +91,13 @@ def test_microscope_names_island_tensor_and_slot(setup, hazard, mode, island, te
 
 def test_knobs_that_cannot_apply_are_refused():
     with pytest.raises(Refused, match="streams"):
-        hz.check(["async-output-copy"], [], "piecewise", "cpu-tape")
+        hz.check(["async-output-copy"], [], "piecewise", False)
     with pytest.raises(Refused, match="full"):
-        hz.check(["stale-pad"], [], "piecewise", "cpu-tape")
+        hz.check(["stale-pad"], [], "piecewise", False)
     with pytest.raises(Refused, match="unknown hazard"):
-        hz.check(["no-such"], [], "piecewise", "cpu-tape")
+        hz.check(["no-such"], [], "piecewise", False)
     with pytest.raises(Refused, match="unknown repair"):
-        hz.check([], ["no-such"], "piecewise", "cpu-tape")
+        hz.check([], ["no-such"], "piecewise", False)
 
 
 def test_findings_report_frozen_python_state(setup):

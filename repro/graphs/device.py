@@ -40,14 +40,17 @@ class DeviceGraphProvider:
         self._graph_ctx = graph_ctx
         self._pool_handle = pool_handle
         self.backend = backend  # torch.cuda or torch.xpu
-        self.capture_kwargs: dict = {}
 
     def new_pool(self, name="pool"):
         return self._pool_handle()
 
-    def capture(self, fn, pool, stream=None):
+    def capture(self, fn, pool, stream=None, capture_error_mode: str | None = None):
+        """`capture_error_mode="relaxed"` (CUDA only) makes work on streams the capture does not
+        follow legal; it is per capture, so no case's setting leaks into the next."""
         graph = self._graph_cls()
-        kw = {"pool": pool, **self.capture_kwargs}
+        kw = {"pool": pool}
+        if capture_error_mode is not None and self.name == "cuda":
+            kw["capture_error_mode"] = capture_error_mode
         if stream is not None:
             kw["stream"] = stream
         with self._graph_ctx(graph, **kw):

@@ -13,8 +13,10 @@ import torch
 from ..checkpoint import Checkpoint
 from ..config import GDN
 from ..errors import BadInput
+from ..options import IslandOptions
 from ..weights import fuse_in_proj, to_device
 from .gdn import CanaryHead, GDNCore, StateCache, Submod0, Submod1
+from .layer import LayerCopy
 from .moe import MoEBlock, MoEIsland
 
 ISLANDS = ("submod0", "gdn_core", "submod1", "moe", "forced_comm")
@@ -55,10 +57,9 @@ class Model:
         else:
             self.next_norm = self.head.norm
 
-    def copy(self, hazards=frozenset(), num_slots: int = 8, sentinel: int = 0):
-        from ..runner import LayerCopy
+    def copy(self, opts: IslandOptions = IslandOptions(), num_slots: int = 8, sentinel: int = 0) -> LayerCopy:
         return LayerCopy(self.cfg, self.weights, self.head, self.next_norm, num_slots, self.device,
-                         sentinel=sentinel, hazards=hazards, tp_size=self.tp_size)
+                         sentinel=sentinel, opts=opts, tp_size=self.tp_size)
 
 
 def build(name: str, checkpoint, layer: int | None = None, tp_rank: int = 0, tp_size: int = 1, device="cpu",
@@ -76,4 +77,4 @@ def build(name: str, checkpoint, layer: int | None = None, tp_rank: int = 0, tp_
 
 
 __all__ = ["ISLANDS", "Model", "build", "check_island", "Submod0", "GDNCore", "Submod1", "CanaryHead",
-           "StateCache", "MoEBlock", "MoEIsland"]
+           "StateCache", "MoEBlock", "MoEIsland", "LayerCopy"]

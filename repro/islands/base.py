@@ -7,6 +7,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from ..options import IslandOptions
 from ..weights import Linear
 
 import kernels  # noqa: F401  (registers torch.ops.repro.*)
@@ -52,7 +53,7 @@ class Island:
     def __init__(self):
         # Set by the runner before every call; a graph freezes whatever forward reads from it.
         self.ctx = ForwardContext()
-        self.hazards: frozenset[str] = frozenset()
+        self.opts = IslandOptions()  # what the case's knobs change in this copy's code
         # A context whose work the capture does not follow (another stream / queue); the
         # runner sets it for the replay copy, eager runs get a no-op.
         self.escape = contextlib.nullcontext

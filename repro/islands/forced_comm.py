@@ -42,42 +42,21 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..errors import BadInput, Refused
+from ..capture import DEFAULT_SIZES, IslandRunner
+from ..errors import BadInput
 from ..weights import Linear, MoEWeights
 from .base import Island, linear, ops
 
 COMM_MODES = ("in-graph", "noop-capture", "eager-split", "registered")
-HAZARDS = ("comm-noop-capture", "comm-graph-then-eager", "allreduce-no-clone")
-REPAIRS = ("eager-family=comm", "clone-input")
 COMM_DTYPES = ("auto", "bf16", "fp32")
-DEFAULT_SIZES = (1, 2, 4, 8, 16)
 DEFAULT_VOCAB = 4096  # embedding rows loaded (token ids are drawn below this)
 
 
 def comm_mode_for(hazards=(), repairs=()) -> str:
     """The replay copy's comm mode for a set of knobs; refuses knobs this island cannot honour."""
-    hazards, repairs = set(hazards), set(repairs)
-    for h in hazards:
-        if h not in HAZARDS:
-            raise Refused(f"hazard {h!r} does not apply to island forced_comm (its hazards: {', '.join(HAZARDS)})")
-    for r in repairs:
-        if r not in REPAIRS:
-            raise Refused(f"repair {r!r} does not apply to island forced_comm (its repairs: {', '.join(REPAIRS)})")
-    registered = "allreduce-no-clone" in hazards or "clone-input" in repairs
-    split = "eager-family=comm" in repairs
-    if registered and ("comm-noop-capture" in hazards or split):
-        raise Refused("the registered-buffer all-reduce (allreduce-no-clone / clone-input) already runs outside the "
-                      "graph: it does not combine with comm-noop-capture or eager-family=comm")
-    if "comm-graph-then-eager" in hazards and (registered or split or "comm-noop-capture" in hazards):
-        raise Refused("comm-graph-then-eager needs an all-reduce captured in the graph: plant it alone "
-                      "(there is no known repair)")
-    if registered:
-        return "registered"
-    if split:
-        return "eager-split"
-    if "comm-noop-capture" in hazards:
-        return "noop-capture"
-    return "in-graph"
+    from ..hazards import check_comm, options_for
+    check_comm(hazards, repairs)
+    return options_for(hazards, repairs).comm.mode
 
 
 def resolve_comm_dtype(comm_dtype: str, tp_size: int) -> torch.dtype:
@@ -315,62 +294,37 @@ class ForcedComm(Island):
         return {"out": self.finish(self.piece(input_ids), input_ids.shape[0]).wait()}
 
 
-def pad_size(n: int, sizes) -> int | None:
-    return next((s for s in sorted(sizes) if s >= n), None)
-
-
 class SliceRunner:
-    """The replay copy's runner, vLLM's way: capture sizes, pad to the next size, a static
-    `input_ids` buffer addressed by slicing, one graph per size captured lazily into one shared pool
-    after a warm-up run, outputs read before the next replay. Batches above the largest size run
-    eagerly. `launch` returns a handle; `wait()` on it gives the step's output rows."""
+    """The replay copy's runner: `capture.IslandRunner` over the slice's piece, with the
+    communicator's capturing flag raised during each capture (the warm-up's collectives run on
+    every rank at the same step). Batches above the largest size run eagerly. `launch` returns a
+    handle; `wait()` on it gives the step's output rows."""
 
     def __init__(self, island: ForcedComm, provider, sizes=DEFAULT_SIZES, max_tokens: int = 64):
-        self.island, self.provider = island, provider
-        self.sizes = tuple(sorted(sizes))
-        self.input_ids = torch.zeros(max(max_tokens, self.sizes[-1]), dtype=torch.long, device=island.device)
-        self.pool = provider.new_pool("shared")
-        self.graphs: dict[int, tuple] = {}
-        self.replays = self.captures = 0
+        self.island = island
+        self.runner = IslandRunner(island.piece, provider, sizes, max_tokens, around=island.comm.capture)
+
+    @property
+    def replays(self) -> int:
+        return self.runner.replays
+
+    @property
+    def captures(self) -> int:
+        return self.runner.captures
 
     def launch(self, token_ids) -> Done | PendingAllReduce:
-        isl = self.island
-        n = len(token_ids)
-        size = pad_size(n, self.sizes)
+        out, n = self.runner.run(token_ids)
         with torch.inference_mode():
-            self.input_ids[:n].copy_(torch.as_tensor(token_ids, dtype=torch.long))
-            if size is None:
-                return isl.finish(isl.piece(self.input_ids[:n]), n)
-            self.input_ids[n:size].zero_()
-            if size not in self.graphs:
-                self.graphs[size] = self._capture(size)
-            g, out = self.graphs[size]
-            g.replay()
-            self.replays += 1
-            return isl.finish(out, n)
-
-    def _capture(self, size: int):
-        isl, ids = self.island, self.input_ids[:size]
-        isl.piece(ids)  # warm-up (its collectives run on every rank at the same step)
-        with isl.comm.capture():
-            g, out = self.provider.capture(lambda: isl.piece(ids), self.pool)
-        self.provider.release_all_but(g, list(out.values()))
-        self.captures += 1
-        return g, out
+            return self.island.finish(out, n)
 
     def collectives_in_graphs(self) -> int | None:
         """How many collectives the captured graphs hold (the CPU tape lists its ops; device graphs
         do not say: None)."""
-        names = [getattr(g, "kernel_names", None) for g, _ in self.graphs.values()]
+        names = [getattr(g.graph, "kernel_names", None) for g in self.runner.graphs.values()]
         if any(n is None for n in names):
             return None
         return sum(1 for n in names for k in n() if k.startswith("c10d."))
 
     def release(self) -> None:
         """Drop every graph (a live graph holding a captured collective hangs `destroy_process_group`)."""
-        self.provider.synchronize()
-        for g, _ in self.graphs.values():
-            reset = getattr(g, "reset", None)
-            if callable(reset):
-                reset()
-        self.graphs.clear()
+        self.runner.release()

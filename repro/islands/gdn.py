@@ -66,7 +66,7 @@ class Submod0(Island):
         g = self.w.gdn
         residual = F.embedding(input_ids, self.embed)
         x = ops.rms_norm(residual, self.w.input_layernorm, self.cfg.rms_norm_eps)
-        if "escaped-capture" in self.hazards:
+        if self.opts.escape_z:
             # e.g. a oneDNN matmul on its own cached queue: it runs during capture, is not recorded
             with self.escape():
                 z = linear(x, g.in_proj_z)
@@ -116,8 +116,8 @@ class GDNCore(Island):
     def forward(self, qkv, b, a, core_out, meta: GDNMeta):
         s = self.cache.sentinel
         nd, nt = meta.num_decodes, meta.num_tokens
-        undeclared = "undeclared-mutation" in self.hazards
-        out = torch.empty_like(core_out) if "fresh-alloc-split-op" in self.hazards else core_out
+        undeclared = self.opts.undeclared_decode
+        out = torch.empty_like(core_out) if self.opts.fresh_core_out else core_out
         if nd:
             idx = meta.state_indices[:nd]
             y = ops.causal_conv1d_update(qkv[:nd], self.conv_w, self.cache.conv, idx, s)
@@ -151,14 +151,14 @@ class Submod1(Island):
         zz = z.reshape(t, self.hv, c.linear_value_head_dim)
         gated = ops.rms_norm_gated(core_out, zz, self.w.gdn.norm_weight, c.rms_norm_eps)
         attn = linear(gated.reshape(t, -1), self.w.gdn.out_proj)
-        if "output-alias" in self.hazards:
+        if self.opts.reinplace_residual:
             # Inductor's reinplacing would do this inside a compiled piece: `residual` looks dead
             # to this graph, but it is graph 0's output and its holder still reads it.
             h = residual.add_(attn)
             x = ops.rms_norm(h, self.w.post_attention_layernorm, c.rms_norm_eps)
         else:
             h, x = ops.add_rms_norm(residual, attn, self.w.post_attention_layernorm, c.rms_norm_eps)
-        n = self.ctx.num_actual_tokens if "frozen-python-state" in self.hazards else None
+        n = self.ctx.num_actual_tokens if self.opts.trim_moe_to_context else None
         if n is not None:
             # vLLM's MoE trims to the forward context's token count: a Python int a graph freezes.
             m = torch.zeros_like(x)

@@ -1,0 +1,131 @@
+"""The typed options a hazard or a repair flips. Runner, islands and the TP slice read these and
+never a hazard's name: `hazards.py` is the one table that says which knob sets which option.
+
+Three small frozen dataclasses, one per layer that behaves differently:
+- `IslandOptions`: what the model's own code does (both copies, or the replay copy only for what a
+  compiler does to a captured piece);
+- `RunnerOptions`: how the graph runner pads, holds, copies, pools, replays and reads back;
+- `CommOptions`: how the tensor-parallel slice places and feeds its all-reduce.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, fields, replace
+
+
+class Mode(str, enum.Enum):
+    """vLLM's capture modes: pieces between splitting ops, or the whole decode chain as one graph."""
+    PIECEWISE = "piecewise"
+    FULL = "full"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+MODES = tuple(m.value for m in Mode)
+
+
+class Pad(str, enum.Enum):
+    """What a padded row of the static metadata buffers carries."""
+    SENTINEL = "sentinel"  # the kernel's own sentinel (nano-vllm's `slot_mapping.fill_(-1)`)
+    STALE = "stale"  # whatever the last step left there
+    OTHER = "other"  # the other sentinel (0 where the kernel skips -1, -1 where it skips 0)
+
+
+class HostCopy(str, enum.Enum):
+    """How the host reads the last piece's outputs."""
+    DIRECT = "direct"  # reads the device tensors (ordered by the stream)
+    ASYNC = "async"  # a non-blocking copy into pinned memory, read at once (races the copy)
+    ASYNC_SYNCED = "async-synced"  # the same copy, then a synchronize before the read
+
+
+@dataclass(frozen=True)
+class IslandOptions:
+    escape_z: bool = False  # submod0's z projection runs on a queue the capture does not follow
+    undeclared_decode: bool = False  # the GDN decode op's schema does not declare its state write
+    fresh_core_out: bool = False  # the splitting op returns a fresh tensor, not its core_out buffer
+    reinplace_residual: bool = False  # submod1 adds into graph 0's `residual` in place
+    trim_moe_to_context: bool = False  # the MoE trims rows to the forward context's token count
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    pad: Pad = Pad.SENTINEL
+    weak_first_output: bool = False  # graph 0's outputs held by weak reference in the shared pool
+    private_pool: bool = False  # graph 1 captured into a pool of its own
+    clone_outputs: bool = False  # graph 0's outputs copied to runner-owned buffers after replay
+    copy_inputs: bool = False  # a fresh tensor from the splitting op copied into graph 1's input
+    recapture: bool = False  # a frozen forward-context value that changed triggers a new capture
+    side_stream: bool = False  # graphs replay on a side stream
+    event_wait: bool = False  # the main stream waits on an event recorded after the side replay
+    host_copy: HostCopy = HostCopy.DIRECT
+    relaxed_capture: bool = False  # CUDA capture_error_mode="relaxed" (work on other streams is legal)
+    eager_families: frozenset = frozenset()  # island families that run eagerly between graphs
+
+
+@dataclass(frozen=True)
+class CommOptions:
+    noop_capture: bool = False  # the communicator does nothing while a capture is in progress
+    eager_split: bool = False  # the all-reduce runs eagerly after each replay, not in the graph
+    registered: bool = False  # a registered-buffer all-reduce, overlapped with the next step
+    clone_input: bool = False  # the registered buffer is snapshotted at issue time
+    eager_after_replay: bool = False  # an eager all-reduce follows each replayed captured one
+
+    @property
+    def mode(self) -> str:
+        """The replay copy's comm mode (`islands/forced_comm.py` describes each)."""
+        if self.registered:
+            return "registered"
+        if self.eager_split:
+            return "eager-split"
+        return "noop-capture" if self.noop_capture else "in-graph"
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything a case's knobs change. `kernel_sentinel` None keeps the run's own sentinel."""
+    eager_island: IslandOptions = field(default_factory=IslandOptions)
+    replay_island: IslandOptions = field(default_factory=IslandOptions)
+    runner: RunnerOptions = field(default_factory=RunnerOptions)
+    comm: CommOptions = field(default_factory=CommOptions)
+    kernel_sentinel: int | None = None
+
+    def sentinel(self, default: int) -> int:
+        return default if self.kernel_sentinel is None else self.kernel_sentinel
+
+
+_PARTS = {"island": IslandOptions, "runner": RunnerOptions, "comm": CommOptions}
+
+
+def validate(sets: dict) -> dict:
+    """Refuse (at import) a table row that names an option no dataclass has."""
+    for key in sets:
+        part, _, name = key.partition(".")
+        if part == "kernel_sentinel" and not name:
+            continue
+        cls = _PARTS.get(part)
+        if cls is None or name not in {f.name for f in fields(cls)}:
+            raise ValueError(f"no option {key!r}")
+    return sets
+
+
+def _set(obj, name, value):
+    old = getattr(obj, name)
+    if isinstance(old, frozenset):
+        value = old | frozenset(value)
+    return replace(obj, **{name: value})
+
+
+def apply(opts: Options, sets: dict, replay_only: bool = False) -> Options:
+    """`opts` with the settings of one table row applied (sets of families are unioned)."""
+    for key, value in sets.items():
+        part, _, name = key.partition(".")
+        if part == "kernel_sentinel":
+            opts = replace(opts, kernel_sentinel=value)
+        elif part == "island":
+            if not replay_only:
+                opts = replace(opts, eager_island=_set(opts.eager_island, name, value))
+            opts = replace(opts, replay_island=_set(opts.replay_island, name, value))
+        else:
+            opts = replace(opts, **{part: _set(getattr(opts, part), name, value)})
+    return opts
