@@ -23,17 +23,13 @@ from safetensors.torch import save_file
 from .checkpoint import INDEX_FILE, SINGLE_FILE, interleave_ba, interleave_qkvz
 from .config import GDN, PRESETS, ModelConfig
 from .errors import BadInput
+from .io import cache_dir  # noqa: F401  (re-exported: bench imports it from here)
 from .quant import quantize_weight, quark_config
 
 QUANTISED = ("production", "experts", "none")
 NAMINGS = ("split", "fused")
 EXPERT_LAYOUTS = ("per_expert", "fused")
 DEFAULT_NAME = "tiny-seed0-v1"
-
-
-def cache_dir() -> Path:
-    """Where the embedded default checkpoint lives: `$REPRO_CACHE` or `~/.cache/repro`."""
-    return Path(os.environ.get("REPRO_CACHE") or Path.home() / ".cache" / "repro")
 
 
 def default_checkpoint() -> Path:
