@@ -715,7 +715,7 @@ def _bench(a, batches) -> int:
     if a.profile:
         print(format_profiles(res))
     if a.json:
-        from .cli import _write_json
+        from .io import write_json as _write_json
         doc = res.to_json()
         doc["command"] = command_line(a)
         doc["preset"] = None if a.model else a.preset

@@ -236,6 +236,8 @@ class _Reader:
             raise
         except Exception as e:
             raise CheckpointError(f"{info.file}: cannot read tensor {name} ({e})") from e
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{info.file}: tensor {name} holds NaN or infinite values")
         st = self.ckpt.stats
         st.tensors_read += 1
         st.bytes_read += t.numel() * t.element_size()
@@ -289,7 +291,15 @@ class Checkpoint:
 
     @classmethod
     def open(cls, path: str | Path) -> "Checkpoint":
-        path = Path(path)
+        """Parse config and headers; any file-system error (a directory without read permission)
+        becomes a one-line CheckpointError naming the path."""
+        try:
+            return cls._open(Path(path))
+        except OSError as e:
+            raise CheckpointError(f"{e.filename or path}: cannot read ({e.strerror or e})") from e
+
+    @classmethod
+    def _open(cls, path: Path) -> "Checkpoint":
         if not path.exists():
             raise CheckpointError(f"{path}: checkpoint directory does not exist")
         if not path.is_dir():
@@ -340,6 +350,11 @@ class Checkpoint:
             for name, info in _read_header(sp).items():
                 (ignored if name.startswith(IGNORED_PREFIXES) else infos)[name] = info
 
+        if index is not None:  # the index must say where each tensor really is
+            for name, f in index.items():
+                info = infos.get(name) or ignored.get(name)
+                if info is not None and info.file.name != f:
+                    raise CheckpointError(f"{index_path}: maps tensor {name} to {f}, but it is in {info.file.name}")
         want = PREFIX_MULTIMODAL if config.multimodal else PREFIX_TEXT
         other = PREFIX_TEXT if config.multimodal else PREFIX_MULTIMODAL
         if not any(n.startswith(want + "layers.") for n in infos):

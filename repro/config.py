@@ -7,6 +7,7 @@ dict, where the text model may be nested under `text_config` (the multimodal
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
 from .errors import BadInput
@@ -14,6 +15,14 @@ from .errors import BadInput
 SUPPORTED_MODEL_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 GDN = "linear_attention"
 FULL = "full_attention"
+
+
+# integer fields a wrong type of would fail deep in the islands (a string hidden_size gave 146
+# lines of traceback): checked where the config is read
+_INT_FIELDS = ("hidden_size", "num_hidden_layers", "vocab_size", "linear_num_key_heads", "linear_num_value_heads",
+               "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+               "shared_expert_intermediate_size")
 
 
 class ConfigError(BadInput):
@@ -83,16 +92,27 @@ class ModelConfig:
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ConfigError(
                 f"model_type {model_type!r} is not supported (expected one of {', '.join(SUPPORTED_MODEL_TYPES)})")
-        n = d.get("num_hidden_layers")
-        types = d.get("layer_types")
-        if types is None:  # Qwen3-Next writes full_attention_interval instead
-            interval = int(d.get("full_attention_interval", 4))
-            types = [FULL if (i + 1) % interval == 0 else GDN for i in range(n)]
         missing = [k for k in ("hidden_size", "num_hidden_layers", "vocab_size", "linear_num_key_heads",
                                "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
                                "num_experts", "num_experts_per_tok", "moe_intermediate_size") if k not in d]
         if missing:
             raise ConfigError(f"config.json lacks {', '.join(missing)}")
+        for k in _INT_FIELDS:
+            v = d.get(k, 1)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"config.json: {k} must be a positive integer, got {json.dumps(v)[:40]}")
+        if d["num_experts_per_tok"] > d["num_experts"]:
+            raise ConfigError(f"config.json: num_experts_per_tok {d['num_experts_per_tok']} is larger than "
+                              f"num_experts {d['num_experts']}")
+        n = d["num_hidden_layers"]
+        types = d.get("layer_types")
+        if types is None:  # Qwen3-Next writes full_attention_interval instead
+            interval = d.get("full_attention_interval", 4)
+            if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+                raise ConfigError(f"config.json: full_attention_interval must be a positive integer, got {interval!r}")
+            types = [FULL if (i + 1) % interval == 0 else GDN for i in range(n)]
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            raise ConfigError("config.json: layer_types must be a list of strings")
         if len(types) != n:
             raise ConfigError(f"layer_types has {len(types)} entries but num_hidden_layers is {n}")
         bad = sorted({t for t in types if t not in (GDN, FULL)})

@@ -9,10 +9,13 @@ them, as they must in the real checkpoint.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import shutil
+import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -23,6 +26,7 @@ from safetensors.torch import save_file
 from .checkpoint import INDEX_FILE, SINGLE_FILE, interleave_ba, interleave_qkvz
 from .config import GDN, PRESETS, ModelConfig
 from .errors import BadInput
+from .io import cache_dir  # noqa: F401  (re-exported: bench imports it from here)
 from .quant import quantize_weight, quark_config
 
 QUANTISED = ("production", "experts", "none")
@@ -31,15 +35,23 @@ EXPERT_LAYOUTS = ("per_expert", "fused")
 DEFAULT_NAME = "tiny-seed0-v1"
 
 
-def cache_dir() -> Path:
-    """Where the embedded default checkpoint lives: `$REPRO_CACHE` or `~/.cache/repro`."""
-    return Path(os.environ.get("REPRO_CACHE") or Path.home() / ".cache" / "repro")
+DIGEST_FILE = ".repro-digest.json"  # sha256 of every file make_tiny wrote: the cache is verified on use
 
 
 def default_checkpoint() -> Path:
-    """The embedded default tiny checkpoint, generated on first use (atomically) and reused after."""
+    """The embedded default tiny checkpoint, generated on first use (atomically) and reused after.
+    A cached copy whose files no longer match their digests (a disk error, an edit, a half-copied
+    cache) is rebuilt, with a note on stderr, rather than failing every run."""
     target = cache_dir() / DEFAULT_NAME
     if (target / "config.json").is_file():
+        problem = verify(target)
+        if problem is None:
+            return target
+        print(f"repro: the cached tiny checkpoint is damaged ({problem}); rebuilding {target}", file=sys.stderr)
+        try:
+            make_tiny(target, seed=0, overwrite=True)
+        except OSError as e:
+            raise BadInput(f"{target}: cannot rebuild the cached checkpoint ({e.strerror or e}); delete it") from e
         return target
     try:
         make_tiny(target, seed=0)
@@ -47,6 +59,68 @@ def default_checkpoint() -> Path:
         if not (target / "config.json").is_file():  # not a lost race: a real problem
             raise
     return target
+
+
+def _digests(d: Path) -> dict[str, str]:
+    out = {}
+    for f in sorted(d.iterdir()):
+        if f.is_file() and f.name != DIGEST_FILE:
+            out[f.name] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def verify(path: Path) -> str | None:
+    """None if every file of a make_tiny checkpoint matches the digest written with it, else what
+    does not (a checkpoint written before digests existed counts as damaged: it is regenerated)."""
+    try:
+        want = json.loads((path / DIGEST_FILE).read_text())
+        have = _digests(path)
+    except (OSError, ValueError) as e:
+        return f"no readable {DIGEST_FILE} ({e.__class__.__name__})"
+    for name in sorted(set(want) | set(have)):
+        if want.get(name) != have.get(name):
+            return f"{name} {'is missing' if name not in have else 'differs from its digest'}"
+    return None
+
+
+def clean_stale_tmp(parent: Path, name: str, max_age_s: float = 3600.0) -> None:
+    """Remove `.NAME.tmp-PID-*` folders a killed make_tiny left: their process is gone, or they
+    are older than `max_age_s` (a reused pid). A live writer's folder is left alone."""
+    try:
+        entries = list(parent.glob(f".{name}.tmp-*"))
+    except OSError:
+        return
+    for e in entries:
+        try:
+            pid = int(e.name.rsplit(".tmp-", 1)[1].split("-")[0])
+            os.kill(pid, 0)
+            alive = time.time() - e.stat().st_mtime < max_age_s
+        except ProcessLookupError:
+            alive = False
+        except (ValueError, IndexError, PermissionError, OSError):
+            alive = True
+        if not alive:
+            shutil.rmtree(e, ignore_errors=True)
+
+
+def estimate_bytes(cfg: ModelConfig) -> int:
+    """Bytes of the text model's tensors at 2 bytes a parameter (bf16), roughly: checked before
+    generating, so that the full-size preset fails with one line instead of the OOM killer."""
+    H, L, V = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+    experts = 3 * cfg.num_experts * cfg.moe_intermediate_size * H
+    shared = 3 * cfg.shared_expert_intermediate_size * H
+    attn = (cfg.conv_dim + cfg.value_dim + 2 * cfg.linear_num_value_heads) * H + H * cfg.value_dim
+    return 2 * (L * (experts + shared + attn) + 2 * V * H)
+
+
+def _available_memory() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 class _Gen:
@@ -214,8 +288,17 @@ def make_tiny(dir: str | Path, seed: int = 0, preset: str | ModelConfig = "tiny"
     if not isinstance(shards, int) or not 1 <= shards <= units:
         raise BadInput(f"make_tiny: shards must be an int in 1..{units}, got {shards!r}")
     target = Path(dir)
-    if target.exists() and (not target.is_dir() or any(target.iterdir())) and not overwrite:
-        raise BadInput(f"{target}: already exists and is not empty (pass overwrite=True to replace it)")
+    try:
+        if target.exists() and (not target.is_dir() or any(target.iterdir())) and not overwrite:
+            raise BadInput(f"{target}: already exists and is not empty (pass overwrite=True to replace it)")
+    except OSError as e:
+        raise BadInput(f"{target}: cannot check ({e.strerror or e})") from e
+    # held at once: one shard's int8 tensors (about half the bf16 bytes) and one unit's bf16 draws
+    need, avail = estimate_bytes(cfg) // (2 * shards) + estimate_bytes(cfg) // units, _available_memory()
+    if avail is not None and need > avail:
+        name = preset if isinstance(preset, str) else cfg.model_type
+        raise BadInput(f"make_tiny: preset {name} needs about {need / 2**30:.1f} GiB of memory "
+                       f"with {shards} shard(s), {avail / 2**30:.1f} GiB is available (write more shards: --shards)")
 
     roles = _recipe(quantised)
     modules = _linear_modules(cfg, naming, experts, multimodal)
@@ -224,9 +307,13 @@ def make_tiny(dir: str | Path, seed: int = 0, preset: str | ModelConfig = "tiny"
     if quantised != "none":
         hf["quantization_config"] = quark_config(exclude=[m for m, _ in modules if m not in quantise])
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_tmp(target.parent, target.name)
+        tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+    except OSError as e:
+        raise BadInput(f"{target}: cannot write there ({e.strerror or e})") from e
     try:
         dev = torch.device(device) if device is not None else torch.device("cpu")
         writer = _Writer(quantise)
@@ -248,7 +335,11 @@ def make_tiny(dir: str | Path, seed: int = 0, preset: str | ModelConfig = "tiny"
             index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
             (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+        (tmp / DIGEST_FILE).write_text(json.dumps(_digests(tmp), indent=2) + "\n")
         _publish(tmp, target, overwrite)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BadInput(f"{target}: cannot write the checkpoint ({e.strerror or e})") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
