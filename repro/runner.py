@@ -1,6 +1,6 @@
 """Eager and graph runners over one copy of a GDN layer's islands, mirroring vLLM's runner.
 
-Graph runner, both modes (`../shared/DESIGN.md`): capture sizes, pad a batch to the next
+Graph runner, both modes (`docs/DESIGN.md`): capture sizes, pad a batch to the next
 size, persistent input buffers addressed by slicing (one max-size buffer for every step,
 mixed steps included), graphs captured lazily on the first step that needs a size into one
 shared pool, a warm-up run before each capture, outputs of the last piece held by weak
