@@ -2,22 +2,31 @@
 
 Present only when `fla` imports and a CUDA or XPU device exists; registered either way so it
 is reported with a reason. q and k are passed raw (expanded to the value heads) with
-`use_qk_l2norm_in_kernel=True` and scale dk^-0.5, as vLLM calls them; states are gathered and
+`use_qk_l2norm_in_kernel=True` and scale dk^-0.5, as vLLM calls them, every argument after v by
+keyword (fla's entry points differ in positional order); states are gathered and
 written back with the same snapshot / sentinel / last-wins rules as the other providers
-(FLA's state layout [N, H, dk, dv] is ours). Results agree with the reference to fp32 rounding,
-not bit for bit. Not exercised by the CPU test suite.
+(FLA's state layout [N, H, dk, dv] is ours). Decode agrees with the reference to fp32 rounding
+(bf16 output rounding), and is deterministic and batch-invariant bit for bit on an H200; prefill
+(fla's chunked kernel, bf16 intermediates) within about 5e-3 on the state (docs/fla/REPORT.md).
+The CPU tests check only how fla is called (tests/test_kernels_fla.py).
 """
 from __future__ import annotations
 
 import functools
 import importlib
 import importlib.util
+import inspect
 
 import torch
 
 from kernels import registry
 from kernels._state import scatter_last_wins, slot_rows
 from kernels.gdn.common import expand_heads
+
+
+# What _call passes by keyword (after q, k, v).
+_KEYWORDS = ("g", "beta", "scale", "initial_state", "output_final_state", "cu_seqlens",
+             "use_qk_l2norm_in_kernel")
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,10 +36,24 @@ def available() -> tuple[bool, str]:
     if not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())):
         return False, "needs a CUDA or XPU device"
     try:
-        importlib.import_module("fla.ops.gated_delta_rule")
+        mod = importlib.import_module("fla.ops.gated_delta_rule")
     except Exception as e:  # ImportError, or Triton failing to initialise
         return False, f"fla does not import: {type(e).__name__}: {e}"
+    problem = api_problem(mod)
+    if problem:
+        return False, problem
     return True, "fla imports"
+
+
+def api_problem(mod) -> str | None:
+    """Why `mod` (fla.ops.gated_delta_rule) cannot take our call, or None. Both entry points take
+    **kwargs, so a renamed parameter would be swallowed silently rather than refused."""
+    for name in ("fused_recurrent_gated_delta_rule", "chunk_gated_delta_rule"):
+        params = inspect.signature(getattr(mod, name)).parameters
+        missing = [p for p in _KEYWORDS if p not in params]
+        if missing:
+            return f"fla's {name} has no parameter {', '.join(missing)} (its API changed)"
+    return None
 
 
 def _fla():
@@ -38,9 +61,14 @@ def _fla():
 
 
 def _call(fn, q, k, v, g, beta, initial, cu_seqlens):
+    # Every argument after v by keyword: fla's two entry points do not share a positional order.
+    # fused_recurrent_gated_delta_rule is (q, k, v, g, gk, gv, beta, ...) (fla-core 0.3.2 to 0.6.0 at
+    # least), chunk_gated_delta_rule is (q, k, v, g, beta, ...). Passing beta fifth made the decode
+    # kernel take it as the per-key decay gk [B, T, HV, K], read 128x past its end, and run with
+    # beta = 1 (docs/fla/REPORT.md).
     Hv = v.shape[1]
     o, final = fn(expand_heads(q, Hv)[None].to(v.dtype), expand_heads(k, Hv)[None].to(v.dtype),
-                  v[None], g[None].float(), beta[None].float(), scale=q.shape[-1] ** -0.5,
+                  v[None], g=g[None].float(), beta=beta[None].float(), scale=q.shape[-1] ** -0.5,
                   initial_state=initial, output_final_state=True, cu_seqlens=cu_seqlens,
                   use_qk_l2norm_in_kernel=True)
     return o[0], final
