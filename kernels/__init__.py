@@ -7,7 +7,8 @@
 
 One folder per op (FLA style), a reference beside the fast paths, every provider in its op's
 folder named after it (`kernels/gdn/fla.py`, `kernels/moe/vllm_xpu.py`, `kernels/norms/triton.py`).
-Importing this package registers every op and provider, then applies $REPRO_KERNELS once. It
+Importing this package registers every op and provider, imports the plugin modules of $REPRO_PLUGINS (their providers),
+then applies $REPRO_KERNELS once. It
 imports nothing from `repro`; its errors are in `kernels.errors`.
 
 The import name `kernels` is also Hugging Face's `kernels` package (transformers' hub kernels).

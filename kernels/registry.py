@@ -43,8 +43,10 @@ call it before `configure` / `select`, then select the new provider by name like
     registry.configure("rms_norm=mine")
 
 A module that is not found, or that raises while importing (a duplicate registration too), is a
-`KernelSelectionError` naming the module and the cause in one line. The command line passes
-`--plugin MODULE` / `$REPRO_PLUGINS` (`PLUGINS_ENV_VAR`) here.
+`KernelSelectionError` naming the module and the cause in one line. `$REPRO_PLUGINS` (comma
+separated) is loaded when `kernels` is imported, before `$REPRO_KERNELS` is applied, so
+`REPRO_PLUGINS=my_kernels REPRO_KERNELS=rms_norm=mine repro run ...` works; the command line's
+`--plugin MODULE` calls `load_plugins` before its own `--kernels` selection.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ from typing import Callable, Iterator
 from kernels.errors import KernelSelectionError
 
 ENV_VAR = "REPRO_KERNELS"
-PLUGINS_ENV_VAR = "REPRO_PLUGINS"  # read by the CLI, passed to load_plugins
+PLUGINS_ENV_VAR = "REPRO_PLUGINS"  # modules to import before $REPRO_KERNELS applies
 PREFERENCE = ("torch", "reference")  # default selection order
 ALL = ("all", "*")
 
@@ -245,8 +247,16 @@ def configure(spec: str) -> dict[str, str]:
 
 
 def configure_from_env(environ: dict | None = None) -> dict[str, str]:
-    """Apply `$REPRO_KERNELS` (called once when `kernels` is imported)."""
-    spec = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    """Import `$REPRO_PLUGINS`, then apply `$REPRO_KERNELS` (called once when `kernels` is
+    imported). Plugins come first so that `$REPRO_KERNELS` can select their providers: a plugin
+    module imports `kernels` itself, so a selection applied before it loaded could never name it."""
+    env = os.environ if environ is None else environ
+    plugins = env.get(PLUGINS_ENV_VAR, "")
+    try:
+        load_plugins(plugins)
+    except KernelSelectionError as e:
+        raise KernelSelectionError(f"${PLUGINS_ENV_VAR}={plugins!r}: {e}") from None
+    spec = env.get(ENV_VAR, "")
     try:
         return configure(spec)
     except KernelSelectionError as e:

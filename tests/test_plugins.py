@@ -91,3 +91,25 @@ def test_a_bad_plugin_is_one_line_naming_module_and_cause(plugin_dir, name, body
     assert str(e.value).startswith(expected)
     assert "\n" not in str(e.value)
     assert registry.selected("rms_norm") == "reference"  # nothing selected by a failed load
+
+
+def test_env_plugins_load_before_env_selection(plugin_dir):
+    """REPRO_PLUGINS is imported when `kernels` is, before REPRO_KERNELS applies: the plugin (which
+    imports `kernels` itself) registers first, so the environment can select its provider."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    _write(plugin_dir, "repro_test_plugin_env", PLUGIN)
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(plugin_dir), str(root)]),
+               REPRO_PLUGINS="repro_test_plugin_env", REPRO_KERNELS="rms_norm=myprov")
+    code = "import kernels; print(kernels.registry.selected('rms_norm'))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=plugin_dir,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "myprov"
+    env["REPRO_PLUGINS"] = ""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=plugin_dir,
+                       timeout=300)
+    assert r.returncode != 0 and "myprov" in r.stderr.strip().splitlines()[-1]
