@@ -134,3 +134,17 @@ def test_describe_lists_everything():
     d = registry.describe()
     assert d["gated_delta_rule_decode"]["selected"] == "torch"
     assert set(d["gated_delta_rule_decode"]["providers"]) == {"reference", "torch", "fla", "triton"}
+
+
+def test_batch_invariance_is_declared_per_provider():
+    # ours are batch-invariant on purpose; FLA's fused_recurrent decode and vllm-xpu-kernels' norm
+    # (work-group size chosen by the token count) are not
+    variant = {(op, name) for op in registry.ops() for name in registry.providers(op)
+               if not registry.batch_invariant(op, name)}
+    assert variant == {("gated_delta_rule_decode", "fla"), ("rms_norm", "vllm_xpu")}
+    assert registry.batch_invariant("moe", "vllm_xpu")  # fixed-order router logits, row-wise top-k
+    assert registry.batch_invariant("rms_norm") is True  # the selected (default) provider
+    d = registry.describe()
+    assert d["rms_norm"]["providers"]["vllm_xpu"]["batch_invariant"] is False
+    with pytest.raises(KernelSelectionError, match="nope"):
+        registry.batch_invariant("rms_norm", "nope")
