@@ -5,22 +5,48 @@
     kernels.linear(x, lin)                       # repro.weights.Linear, W8A8 or BF16
     kernels.registry.select("moe", "reference")  # or REPRO_KERNELS="moe=reference,gdn=torch"
 
-One folder per op (FLA style), a reference beside the fast paths. Importing this package
-registers every op and provider, then applies $REPRO_KERNELS once.
+One folder per op (FLA style), a reference beside the fast paths, every provider in its op's
+folder named after it (`kernels/gdn/fla.py`, `kernels/moe/vllm_xpu.py`, `kernels/norms/triton.py`).
+Importing this package registers every op and provider, imports the plugin modules of $REPRO_PLUGINS (their providers),
+then applies $REPRO_KERNELS once. It
+imports nothing from `repro`; its errors are in `kernels.errors`.
+
+The import name `kernels` is also Hugging Face's `kernels` package (transformers' hub kernels).
+`PROJECT` marks this one: a caller that needs this package checks it (`repro.env.project_kernels()`
+does, naming both paths when the other package shadows this one), and `check_identity()` says
+whether the submodules loaded are this folder's.
 """
-from kernels import registry  # first: the op packages register into it
-from kernels import conv1d, gdn, moe, norms, w8a8_linear  # noqa: F401  (define ops, register providers)
-from kernels import vllm_xpu  # noqa: F401
-from kernels import triton_fast  # noqa: F401  (the `triton` provider; lazy, needs triton + CUDA)
-from kernels import ops
-from kernels.ops import (causal_conv1d_fn, causal_conv1d_update, gated_delta_rule_decode,
+import os as _os
+
+PROJECT = "repro-graph-replay"  # marker: this is the reproducer suite's `kernels`, not another package
+
+from kernels import registry  # noqa: E402  first: the op packages register into it
+from kernels import conv1d, gdn, moe, norms, w8a8_linear  # noqa: E402,F401  (define ops, register providers)
+from kernels import triton_provider  # noqa: E402  (the `triton` provider; lazy, needs triton + CUDA)
+from kernels import ops  # noqa: E402
+from kernels.errors import KernelSelectionError  # noqa: E402
+from kernels.ops import (causal_conv1d_fn, causal_conv1d_update, gated_delta_rule_decode,  # noqa: E402
                          gated_delta_rule_prefill, gdn_gating, linear, moe_block, quantize_per_token,
                          quantize_with_scale, rms_norm, rms_norm_gated)
 
+triton_provider.register_all()
 registry.configure_from_env()
+
+
+def check_identity() -> str:
+    """This package's folder, after checking that its submodules were loaded from it (a mix of two
+    `kernels` packages on `sys.path` raises ImportError naming the stray module)."""
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    for mod in (registry, ops, triton_provider):
+        path = _os.path.abspath(mod.__file__)
+        if _os.path.dirname(path) != here:
+            raise ImportError(f"kernels: {mod.__name__} was loaded from {path}, not from {here}")
+    return here
+
 
 __all__ = ["registry", "ops", "linear", "quantize_per_token", "quantize_with_scale", "moe_block",
            "rms_norm", "rms_norm_gated", "causal_conv1d_fn", "causal_conv1d_update", "gdn_gating",
-           "gated_delta_rule_decode", "gated_delta_rule_prefill"]
+           "gated_delta_rule_decode", "gated_delta_rule_prefill", "KernelSelectionError", "PROJECT",
+           "check_identity"]
 # `w8a8_linear` and `moe` are subpackage names here: call them as kernels.ops.w8a8_linear /
 # kernels.ops.moe or torch.ops.repro.w8a8_linear / torch.ops.repro.moe.

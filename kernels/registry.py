@@ -10,7 +10,7 @@ time, for the function of the provider selected for it. Providers:
 
 Default for an op: `torch` where it is registered, else `reference`. A selection never falls
 back silently: an unknown op or provider, or a provider that is absent here, raises
-`KernelSelectionError` (a `BadInput`, CLI exit 2) naming it.
+`KernelSelectionError` (`kernels.errors`, a `ValueError`; the CLI exits 2) naming it.
 
 A selection made while a graph is captured is frozen into that graph (the body runs at
 capture time); select before capturing.
@@ -23,23 +23,45 @@ capture time); select before capturing.
 A name on the left of `=` may be an op or a group (`w8a8`, `norms`, `conv1d`, `gdn`, `moe`,
 or `all`); a group selects the provider for each of its ops that registers it, and it is an
 error if none does.
+
+Each provider also says whether it is *batch-invariant*: whether a row's result is the same bits
+whatever the other rows of the batch are (`register(..., batch_invariant=False)`, asked with
+`batch_invariant(op, provider)`). Our own providers are, on purpose; production kernels often are
+not (a reduction tree or a work-group size chosen by the number of tokens). A graph replayed at
+a padded batch is compared with eager at the exact one, so the oracle needs this to tell batch
+variance from a graph hazard.
+
+Plugins: users bring their own providers as modules that call `register(...)` when imported
+(the lab's own build of vllm-xpu-kernels, a patched FLA). `load_plugins("mod1,mod2")` imports them;
+call it before `configure` / `select`, then select the new provider by name like any other:
+
+    # my_kernels.py
+    from kernels import registry
+    registry.register("rms_norm", "mine", my_rms_norm, my_available, group="norms")
+
+    registry.load_plugins(["my_kernels"])
+    registry.configure("rms_norm=mine")
+
+A module that is not found, or that raises while importing (a duplicate registration too), is a
+`KernelSelectionError` naming the module and the cause in one line. `$REPRO_PLUGINS` (comma
+separated) is loaded when `kernels` is imported, before `$REPRO_KERNELS` is applied, so
+`REPRO_PLUGINS=my_kernels REPRO_KERNELS=rms_norm=mine repro run ...` works; the command line's
+`--plugin MODULE` calls `load_plugins` before its own `--kernels` selection.
 """
 from __future__ import annotations
 
+import importlib
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from repro.errors import BadInput
+from kernels.errors import KernelSelectionError
 
 ENV_VAR = "REPRO_KERNELS"
+PLUGINS_ENV_VAR = "REPRO_PLUGINS"  # modules to import before $REPRO_KERNELS applies
 PREFERENCE = ("torch", "reference")  # default selection order
 ALL = ("all", "*")
-
-
-class KernelSelectionError(BadInput):
-    """An unknown op or provider, or a provider that is absent on this machine."""
 
 
 Availability = Callable[[], "tuple[bool, str]"]
@@ -53,6 +75,7 @@ def always() -> tuple[bool, str]:
 class _Provider:
     fn: Callable
     available: Availability
+    batch_invariant: bool = True
 
 
 _providers: dict[str, dict[str, _Provider]] = {}
@@ -61,14 +84,64 @@ _selected: dict[str, str] = {}
 
 
 def register(op: str, provider: str, fn: Callable, available: Availability | None = None,
-             *, group: str | None = None) -> None:
-    """Add `fn` as `provider` for `op`; `available()` -> (bool, reason) is asked when needed."""
+             *, group: str | None = None, batch_invariant: bool = True) -> None:
+    """Add `fn` as `provider` for `op`; `available()` -> (bool, reason) is asked when needed.
+    `batch_invariant=False` says a row's result may depend on the rest of the batch."""
     table = _providers.setdefault(op, {})
     if provider in table:
         raise ValueError(f"provider {provider!r} registered twice for op {op!r}")
-    table[provider] = _Provider(fn, available or always)
+    table[provider] = _Provider(fn, available or always, bool(batch_invariant))
     if group is not None and op not in _groups.setdefault(group, []):
         _groups[group].append(op)
+
+
+def mark_batch_variant(op: str, provider: str) -> None:
+    """Record that a provider registered elsewhere is not batch-invariant (for a module whose
+    `register` call cannot say so itself)."""
+    table = _table(op)
+    if provider not in table:
+        raise KernelSelectionError(f"unknown provider {provider!r} for kernel op {op!r}; registered: {', '.join(table)}")
+    p = table[provider]
+    table[provider] = _Provider(p.fn, p.available, False)
+
+
+def batch_invariant(op: str, provider: str | None = None) -> bool:
+    """Whether `provider` (default: the selected one) gives a row the same bits in any batch."""
+    table = _table(op)
+    name = selected(op) if provider is None else provider
+    if name not in table:
+        raise KernelSelectionError(f"unknown provider {name!r} for kernel op {op!r}; registered: {', '.join(table)}")
+    return table[name].batch_invariant
+
+
+def load_plugins(names) -> list[str]:
+    """Import plugin modules (each calls `register(...)`), in order, before selection.
+
+    `names`: an iterable of module names or one comma-separated string (as `$REPRO_PLUGINS`).
+    Returns the names imported. A module that is not found or fails to import raises
+    `KernelSelectionError` with one line naming it and the cause; modules before it stay loaded
+    (their providers are registered but nothing is selected)."""
+    if isinstance(names, str):
+        names = names.split(",")
+    loaded = []
+    for name in (n.strip() for n in names):
+        if not name:
+            continue
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
+                raise KernelSelectionError(f"kernel plugin {name!r}: no module named {e.name!r} on sys.path") from e
+            raise KernelSelectionError(f"kernel plugin {name!r} failed to import: {_one_line(e)}") from e
+        except Exception as e:  # noqa: BLE001 - any failure of a user's module is reported as its own
+            raise KernelSelectionError(f"kernel plugin {name!r} failed to import: {_one_line(e)}") from e
+        loaded.append(name)
+    return loaded
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def ops() -> list[str]:
@@ -174,8 +247,16 @@ def configure(spec: str) -> dict[str, str]:
 
 
 def configure_from_env(environ: dict | None = None) -> dict[str, str]:
-    """Apply `$REPRO_KERNELS` (called once when `kernels` is imported)."""
-    spec = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    """Import `$REPRO_PLUGINS`, then apply `$REPRO_KERNELS` (called once when `kernels` is
+    imported). Plugins come first so that `$REPRO_KERNELS` can select their providers: a plugin
+    module imports `kernels` itself, so a selection applied before it loaded could never name it."""
+    env = os.environ if environ is None else environ
+    plugins = env.get(PLUGINS_ENV_VAR, "")
+    try:
+        load_plugins(plugins)
+    except KernelSelectionError as e:
+        raise KernelSelectionError(f"${PLUGINS_ENV_VAR}={plugins!r}: {e}") from None
+    spec = env.get(ENV_VAR, "")
     try:
         return configure(spec)
     except KernelSelectionError as e:
@@ -217,11 +298,14 @@ def defaults() -> Iterator[None]:
 
 
 def describe() -> dict[str, dict]:
-    """op -> {"selected": name, "providers": {name: {"available": bool, "reason": str}}}."""
+    """op -> {"selected": name, "providers": {name: {"available": bool, "reason": str,
+    "batch_invariant": bool}}}."""
     out = {}
     for op in ops():
+        table = _table(op)
         out[op] = {
             "selected": selected(op),
-            "providers": {n: {"available": a, "reason": r} for n, (a, r) in providers(op).items()},
+            "providers": {n: {"available": a, "reason": r, "batch_invariant": table[n].batch_invariant}
+                          for n, (a, r) in providers(op).items()},
         }
     return out

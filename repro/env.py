@@ -9,8 +9,11 @@ import importlib.metadata as md
 import importlib.util
 import platform
 import sys
+from pathlib import Path
 
 import torch
+
+from .graphs.device import is_ipex, qualified_name
 
 # import name -> distribution names to ask for a version (first found wins)
 OPTIONAL = {
@@ -24,6 +27,7 @@ OPTIONAL = {
     "numpy": ("numpy",),
 }
 ABSENT = "absent"
+KERNELS_MARKER = 'PROJECT = "repro-graph-replay"'  # the line `kernels/__init__.py` carries
 
 
 def _guard(fn, default=None):
@@ -80,38 +84,51 @@ def _devices() -> dict:
 
 
 def _graph_providers(devices: dict) -> dict:
-    """provider -> {"available": bool, "detail": str}."""
+    """provider -> {"available": bool, "detail": str, "graph_class": module-qualified name or None}.
+
+    IPEX is imported first, as a run on an IPEX stack does: IPEX 2.6.10/2.7.10 install their own
+    `XPUGraph` as `torch.xpu.XPUGraph` when imported, so the class found there afterwards is named
+    by where it is defined, which is the one that runs."""
     out = {}
     cuda_graph = hasattr(torch.cuda, "CUDAGraph")
     out["cuda"] = {"available": devices["cuda"]["available"] and cuda_graph,
-                   "detail": "torch.cuda.CUDAGraph" if devices["cuda"]["available"] else "no CUDA device"}
-    xpu_mod = getattr(torch, "xpu", None)
-    has_api = xpu_mod is not None and hasattr(xpu_mod, "XPUGraph")
-    if not has_api:
-        detail = f"torch {torch.__version__} has no torch.xpu.XPUGraph"
-    elif not devices["xpu"]["available"]:
-        detail = "torch.xpu.XPUGraph present, no XPU device"
-    else:
-        detail = "torch.xpu.XPUGraph"
-    out["xpu"] = {"available": has_api and devices["xpu"]["available"], "detail": detail}
-    out["ipex-xpu"] = _ipex_graph(devices["xpu"]["available"])
-    out["cpu-tape"] = {"available": True, "detail": "TorchDispatchMode emulation (always)"}
+                   "detail": "torch.cuda.CUDAGraph" if devices["cuda"]["available"] else "no CUDA device",
+                   "graph_class": qualified_name(torch.cuda.CUDAGraph) if cuda_graph else None}
+    ipex = _ipex_graph(devices["xpu"]["available"])
+    out["xpu"] = _xpu_graph(devices["xpu"]["available"])
+    out["ipex-xpu"] = ipex
+    out["cpu-tape"] = {"available": True, "detail": "TorchDispatchMode emulation (always)", "graph_class": None}
     return out
+
+
+def _xpu_graph(xpu_ok: bool) -> dict:
+    xpu_mod = getattr(torch, "xpu", None)
+    cls = getattr(xpu_mod, "XPUGraph", None) if xpu_mod is not None else None
+    if cls is None:
+        return {"available": False, "detail": f"torch {torch.__version__} has no torch.xpu.XPUGraph", "graph_class": None}
+    name = qualified_name(cls)
+    runs_as = " (IPEX's, installed by its import: runs as provider ipex-xpu)" if is_ipex(cls) else ""
+    detail = f"torch.xpu.XPUGraph is {name}{runs_as}"
+    if not xpu_ok:
+        detail += ", no XPU device"
+    return {"available": bool(xpu_ok) and not is_ipex(cls), "detail": detail, "graph_class": name}
 
 
 def _ipex_graph(xpu_ok: bool) -> dict:
     if not _present("intel_extension_for_pytorch"):
-        return {"available": False, "detail": "intel_extension_for_pytorch absent"}
+        return {"available": False, "detail": "intel_extension_for_pytorch absent", "graph_class": None}
     ipex = _guard(lambda: importlib.import_module("intel_extension_for_pytorch"))
     if ipex is None:
-        return {"available": False, "detail": "intel_extension_for_pytorch present but failed to import"}
+        return {"available": False, "detail": "intel_extension_for_pytorch present but failed to import",
+                "graph_class": None}
     ver = str(getattr(ipex, "__version__", _version("intel_extension_for_pytorch")))
-    has_graph = _guard(lambda: hasattr(ipex.xpu, "XPUGraph"), False)
-    if not has_graph:
-        return {"available": False, "detail": f"ipex {ver}: no graph support"}
+    cls = _guard(lambda: ipex.xpu.XPUGraph)
+    if cls is None:
+        return {"available": False, "detail": f"ipex {ver}: no graph support", "graph_class": None}
+    name = qualified_name(cls)
     if not xpu_ok:
-        return {"available": False, "detail": f"ipex {ver}: XPUGraph present, no XPU device"}
-    return {"available": True, "detail": f"ipex {ver}: intel_extension_for_pytorch.xpu.XPUGraph"}
+        return {"available": False, "detail": f"ipex {ver}: {name} present, no XPU device", "graph_class": name}
+    return {"available": True, "detail": f"ipex {ver}: {name}", "graph_class": name}
 
 
 def _distributed() -> dict:
@@ -127,6 +144,48 @@ def _distributed() -> dict:
             "ccl": ccl if ccl == ABSENT else f"oneccl_bindings_for_pytorch {ccl}"}
 
 
+class KernelsShadowed(ImportError):
+    """`import kernels` finds another package (e.g. Hugging Face's `kernels`) instead of this
+    project's. Defined here, not in `kernels`, because that package is the one that is missing."""
+
+
+def _project_kernels_dir() -> Path:
+    return Path(__file__).resolve().parents[1] / "kernels"
+
+
+def kernels_identity() -> dict:
+    """Where `import kernels` leads, without importing it: {"path", "project": whether that
+    package is this project's (its `__init__.py` carries the marker), "expected"}."""
+    spec = _guard(lambda: importlib.util.find_spec("kernels"))
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    text = _guard(lambda: Path(origin).read_text(), "") if origin else ""
+    return {"path": str(Path(origin).parent) if origin else None, "project": KERNELS_MARKER in (text or ""),
+            "expected": str(_project_kernels_dir())}
+
+
+def project_kernels():
+    """Import and return this project's `kernels` package, or raise `KernelsShadowed` with one line
+    naming both packages' paths. Call it before `import kernels` anywhere in `repro` would matter:
+    the other package would otherwise fail later with an unrelated ImportError."""
+    expected = _project_kernels_dir()
+    try:
+        mod = importlib.import_module("kernels")
+    except ImportError as e:
+        found = kernels_identity()["path"]
+        if found is None or Path(found).resolve() == expected:
+            raise
+        raise KernelsShadowed(f"`import kernels` found {found} (which fails: {e}), not this project's kernels "
+                              f"at {expected}: uninstall the other `kernels` package or put {expected.parent} "
+                              "first on sys.path") from e
+    if getattr(mod, "PROJECT", None) != "repro-graph-replay":
+        found = Path(getattr(mod, "__file__", None) or "?").parent
+        raise KernelsShadowed(f"`import kernels` found {found}, not this project's kernels at {expected} "
+                              "(Hugging Face's `kernels` package has the same name): uninstall it or put "
+                              f"{expected.parent} first on sys.path")
+    mod.check_identity()
+    return mod
+
+
 def environment() -> dict:
     """Everything `repro env` reports, as a JSON-serialisable dict."""
     devices = _devices()
@@ -139,6 +198,7 @@ def environment() -> dict:
         "graph_providers": _graph_providers(devices),
         "distributed": _distributed(),
         "packages": {name: _version(name) for name in OPTIONAL},
+        "kernels": kernels_identity(),
     }
 
 
@@ -162,4 +222,8 @@ def format_env(d: dict) -> str:
     lines.append("packages")
     for name, v in d["packages"].items():
         lines.append(f"  {name:<29} {v}")
+    k = d.get("kernels") or {}
+    if k:
+        which = "this project's" if k.get("project") else f"NOT this project's (expected {k.get('expected')})"
+        lines.append(f"kernels     {k.get('path')} ({which})")
     return "\n".join(lines)

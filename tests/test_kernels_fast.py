@@ -1,4 +1,4 @@
-"""The `triton` provider (kernels/triton_fast) against the reference, on an NVIDIA GPU.
+"""The `triton` provider (kernels/<op>/triton.py) against the reference, on an NVIDIA GPU.
 
 Bit for bit: `w8a8_linear`, `moe` (W8A8 experts), `causal_conv1d_update` (outputs and conv state),
 `gdn_gating`, the sum of `add_rms_norm`. Within a stated tolerance: `rms_norm`, the norm of

@@ -1,5 +1,6 @@
 """torch.library.opcheck for every op and every provider available here (schema incl. declared
-mutations, fake tensors, autograd registration, AOT dispatch)."""
+mutations, fake tensors, autograd registration, AOT dispatch), on the selected test device
+(`--device`, conftest's `device` fixture): GPU providers (`triton`, `fla`) get device tensors."""
 import pytest
 import torch
 
@@ -15,20 +16,33 @@ CASES = [(op, provider, sentinel)
 
 
 @pytest.mark.parametrize("op,provider,sentinel", CASES)
-def test_opcheck(op, provider, sentinel):
+def test_opcheck(op, provider, sentinel, device):
+    args = sample_args(op, device=device, seed=1, sentinel=sentinel)
+    assert all(a.device.type == torch.device(device).type for a in args if isinstance(a, torch.Tensor))
     with registry.using(**{op: provider}):
-        torch.library.opcheck(getattr(torch.ops.repro, op), sample_args(op, seed=1, sentinel=sentinel))
+        torch.library.opcheck(getattr(torch.ops.repro, op), args)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_samples_are_built_on_the_device_asked_for(op):
+    """Every tensor of every op's sample on the device given (the meta device stands in for a GPU
+    here: a CPU tensor in a GPU sample would fail opcheck there, as in issue 15)."""
+    args = sample_args(op, device="meta", seed=1)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    assert tensors and all(t.device.type == "meta" for t in tensors), op
+    cpu = sample_args(op, device="cpu", seed=1)
+    assert [tuple(t.shape) for t in tensors] == [tuple(a.shape) for a in cpu if isinstance(a, torch.Tensor)]
 
 
 @pytest.mark.parametrize("quantized", [True, False])
-def test_opcheck_moe_bf16_and_dense_regime(quantized):
+def test_opcheck_moe_bf16_and_dense_regime(quantized, device):
     for provider in ("reference", "torch"):
         with registry.using(moe=provider):
-            torch.library.opcheck(torch.ops.repro.moe, sample_args("moe", T=7, quantized=quantized))
+            torch.library.opcheck(torch.ops.repro.moe, sample_args("moe", device=device, T=7, quantized=quantized))
 
 
-def test_opcheck_w8a8_without_bias():
-    x, w, s, _ = sample_args("w8a8_linear")
+def test_opcheck_w8a8_without_bias(device):
+    x, w, s, _ = sample_args("w8a8_linear", device=device)
     torch.library.opcheck(torch.ops.repro.w8a8_linear, (x, w, s, None))
 
 

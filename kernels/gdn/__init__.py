@@ -7,8 +7,8 @@ Per value head h (key head h // (Hv // Hk)), fp32:
 `ssm_state` [S, Hv, dk, dv] fp32, one row per sequence; addressing, sentinel and duplicate rules in
 `kernels/_state.py`. Outputs in v's dtype, zero for sentinel rows / tokens outside every request.
 
-Providers: gating `reference`; decode `reference` (row loop), `torch` (batched), `fla`;
-prefill `reference` (chunked WY form), `fla`. `naive.py` is an independent token-by-token
+Providers: gating `reference`, `triton`; decode `reference` (row loop), `torch` (batched), `fla`,
+`triton` (`triton.py`); prefill `reference` (chunked WY form), `fla`. `naive.py` is an independent token-by-token
 recurrence used by the tests.
 """
 from __future__ import annotations
@@ -18,6 +18,10 @@ import torch
 from kernels import registry
 from kernels.gdn import fla, reference, vectorized  # noqa: F401  (register providers)
 from kernels.gdn.common import check_gdn
+
+# FLA's fused_recurrent decode kernel gave a row different results inside batches of different
+# sizes (issue 15's probes: 0.07 between B=3 and B=8 on an H200, fla-core 0.6.0).
+registry.mark_batch_variant("gated_delta_rule_decode", "fla")
 
 __all__ = ["gdn_gating", "gated_delta_rule_decode", "gated_delta_rule_prefill"]
 

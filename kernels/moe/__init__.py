@@ -2,7 +2,8 @@
 
 Arithmetic and float order: `common.py`. Providers: `reference` (dense over experts, masked),
 `torch` (only the chosen experts; bit-identical to the reference with W8A8 experts),
-`vllm_xpu` (routing by `_moe_C.topk_softmax`, experts as `torch`). All graph-safe.
+`vllm_xpu` (`vllm_xpu.py`: routing by `_moe_C.topk_softmax`, experts as `torch`), `triton`
+(`triton.py`). All graph-safe.
 `moe_block(x, mw, top_k)` runs a `repro.weights.MoEWeights`.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Optional
 import torch
 
 from kernels import registry
-from kernels.moe import reference, vectorized  # noqa: F401  (register providers)
+from kernels.moe import reference, vectorized, vllm_xpu  # noqa: F401  (register providers)
 from kernels.moe.common import check_moe
 
 __all__ = ["moe", "moe_block"]

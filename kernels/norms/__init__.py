@@ -3,14 +3,15 @@ the sum: both returned, one launch where a provider fuses them) and `repro::rms_
 (plain `w`, times silu(z)).
 
 Both compute in fp32 and cast once at the end; `eps` is the caller's (`rms_norm_eps`, 1e-6
-for this model). Providers: `reference`; `vllm_xpu` for rms_norm (`_C.gemma_rms_norm`).
+for this model). Providers: `reference`; `vllm_xpu` for rms_norm (`_C.gemma_rms_norm`,
+`vllm_xpu.py`); `triton` (`triton.py`, registered by `kernels/triton_provider.py`).
 """
 from __future__ import annotations
 
 import torch
 
 from kernels import registry
-from kernels.norms import reference  # noqa: F401  (register providers)
+from kernels.norms import reference, vllm_xpu  # noqa: F401  (register providers)
 
 __all__ = ["rms_norm", "add_rms_norm", "rms_norm_gated"]
 

@@ -102,14 +102,35 @@ def cuda_provider(index: int = 0) -> DeviceGraphProvider:
                                torch.cuda.graph_pool_handle, torch.cuda)
 
 
+def qualified_name(obj) -> str:
+    """`module.QualName` of a class or function object: where it is defined, not where it is found
+    (IPEX 2.6.10/2.7.10 install their `XPUGraph` as `torch.xpu.XPUGraph` when imported)."""
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', getattr(obj, '__name__', '?'))}"
+
+
+def is_ipex(obj) -> bool:
+    return str(getattr(obj, "__module__", "")).split(".")[0] == "intel_extension_for_pytorch"
+
+
+def _named(provider: DeviceGraphProvider, graph_cls, graph_ctx) -> DeviceGraphProvider:
+    provider.graph_class = qualified_name(graph_cls)  # the class that actually runs, for reports
+    provider.graph_context = qualified_name(graph_ctx)
+    return provider
+
+
 def xpu_provider(index: int = 0) -> DeviceGraphProvider:
+    """`torch.xpu.XPUGraph` (torch >= 2.11), else IPEX 2.6.10/2.7.10's `XPUGraph`. Importing those
+    IPEX versions also installs their class as `torch.xpu.XPUGraph`, so the attribute's place says
+    nothing: the provider is named by where the class is defined (`ipex-xpu` for IPEX's), and
+    `graph_class` gives its module-qualified name."""
     xpu = getattr(torch, "xpu", None)
     if xpu is None or not xpu.is_available():
         raise DeviceUnavailable("--device xpu: torch.xpu.is_available() is False (no Intel GPU or no XPU build of torch)")
     dev = torch.device("xpu", index)
     if hasattr(xpu, "XPUGraph") and hasattr(xpu, "graph"):
         pool = getattr(xpu, "graph_pool_handle", lambda: None)
-        return DeviceGraphProvider("xpu", dev, xpu.XPUGraph, xpu.graph, pool, xpu)
+        name = "ipex-xpu" if is_ipex(xpu.XPUGraph) else "xpu"
+        return _named(DeviceGraphProvider(name, dev, xpu.XPUGraph, xpu.graph, pool, xpu), xpu.XPUGraph, xpu.graph)
     try:
         import intel_extension_for_pytorch as ipex  # noqa: F401
     except Exception as e:  # pragma: no cover - only on XPU stacks
@@ -120,4 +141,5 @@ def xpu_provider(index: int = 0) -> DeviceGraphProvider:
             f"IPEX {getattr(ipex, '__version__', '?')}: no graph support (IPEX 2.8 removed XPUGraph; "
             "use torch >= 2.11 for torch.xpu.XPUGraph or IPEX 2.6.10/2.7.10)")
     pool = getattr(ipex_xpu, "graph_pool_handle", lambda: None)
-    return DeviceGraphProvider("ipex-xpu", dev, ipex_xpu.XPUGraph, ipex_xpu.graph, pool, xpu)
+    return _named(DeviceGraphProvider("ipex-xpu", dev, ipex_xpu.XPUGraph, ipex_xpu.graph, pool, xpu),
+                  ipex_xpu.XPUGraph, ipex_xpu.graph)

@@ -1,13 +1,14 @@
 """Block-size and variant sweep for the decode GEMVs of the `triton` provider, on a GPU.
 
-    python3 -m kernels.triton_fast.sweep [--json FILE]
+    python3 -m kernels.w8a8_linear.sweep [--json FILE]
 
 For each decode shape of the real layer (W8A8 projections at one row), every config of the
-production `dp4a` GEMV (`kernels._w8a8_rows_kernel`) and of the int32-products GEMV it replaced
-is checked bit for bit against the autotuned production call and timed as a CUDA graph of `REPS`
+production `dp4a` GEMV (`_w8a8_rows_kernel` in `kernels/w8a8_linear/triton.py`) and of the
+int32-products GEMV it replaced is checked bit for bit against the autotuned production call
+and timed as a CUDA graph of `REPS`
 launches over rotating weight copies (more bytes than the L2 holds, no launch gaps), so the time
 per launch is what a decode graph would see. Prints the best config per (shape, variant) with its
-achieved bandwidth. A tool for choosing the autotuning spaces in `kernels.py`, not part of any
+achieved bandwidth. A tool for choosing the autotuning spaces in `triton.py`, not part of any
 test. (`docs/h200/sweep-gemv.log` is its first version's output, whose `dp4a` variant became the
 production kernel.)
 """
@@ -22,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_fast import kernels as K
+from kernels import triton_helpers as H
+from kernels.w8a8_linear import triton as K
 
 REPS = 8
 
@@ -37,16 +39,16 @@ def gemv_unrolled(x_ptr, w_ptr, ws_ptr, o_ptr, N, sx, swn, so, KD: tl.constexpr,
     amax = tl.zeros((BK,), tl.float32)
     for k0 in tl.static_range(0, KD, BK):
         amax = tl.maximum(amax, tl.abs(tl.load(x_ptr + t * sx + k0 + rk).to(tl.float32)))
-    scale = K._act_scale(tl.max(amax, axis=0))
+    scale = H._act_scale(tl.max(amax, axis=0))
     rn = pid_n * BN + tl.arange(0, BN)
     nm = rn < N
     acc = tl.zeros((BN,), tl.int32)
     for k0 in tl.static_range(0, KD, BK):
-        q = K._quantize(tl.load(x_ptr + t * sx + k0 + rk).to(tl.float32), scale).to(tl.int32)
+        q = H._quantize(tl.load(x_ptr + t * sx + k0 + rk).to(tl.float32), scale).to(tl.int32)
         wv = tl.load(w_ptr + rn[:, None] * swn + (k0 + rk)[None, :], mask=nm[:, None], other=0)
         acc += tl.sum(wv.to(tl.int32) * q[None, :], axis=1)
     ws = tl.load(ws_ptr + rn, mask=nm, other=0.0).to(tl.float32)
-    out = K._mul(K._mul(acc.to(tl.float32), scale), ws)
+    out = H._mul(H._mul(acc.to(tl.float32), scale), ws)
     tl.store(o_ptr + t * so + rn, out.to(o_ptr.dtype.element_ty), mask=nm)
 
 

@@ -1,0 +1,62 @@
+"""`triton` provider of `repro::causal_conv1d_update`: one kernel, bit-identical to the reference.
+State rows follow `kernels/_state.py` (sentinel rows skipped, snapshot reads, last valid row wins)
+by walking the batch in order inside each program, which owns a disjoint slice of every state
+row. Registered in `kernels/triton_provider.py`; imported on first use (needs triton).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_helpers import (_add, _last_claimant, _mul, _np2, _silu, _slot)
+
+
+@triton.jit
+def _conv_update_kernel(x_ptr, w_ptr, st_ptr, idx_ptr, y_ptr, B, C, S, sentinel, sxb, swc, sss, ssc, syb,
+                        BC: tl.constexpr, BB: tl.constexpr):
+    """Kernel width 4 (3 state columns): y = silu(c0 w0 + c1 w1 + c2 w2 + x w3), state <- (c1, c2, x)."""
+    rc = tl.program_id(0) * BC + tl.arange(0, BC)
+    cm = rc < C
+    w0 = tl.load(w_ptr + rc * swc + 0, mask=cm, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + rc * swc + 1, mask=cm, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + rc * swc + 2, mask=cm, other=0.0).to(tl.float32)
+    w3 = tl.load(w_ptr + rc * swc + 3, mask=cm, other=0.0).to(tl.float32)
+    for b in range(0, B):
+        idx = tl.load(idx_ptr + b).to(tl.int64)
+        valid, slot = _slot(idx, sentinel, S)
+        write = _last_claimant(b, slot, valid, idx_ptr, B, S, sentinel, BB)
+        base = st_ptr + slot * sss + rc * ssc
+        c0 = tl.load(base + 0, mask=cm, other=0.0)
+        c1 = tl.load(base + 1, mask=cm, other=0.0)
+        c2 = tl.load(base + 2, mask=cm, other=0.0)
+        xv = tl.load(x_ptr + b * sxb + rc, mask=cm, other=0.0)
+        acc = _mul(c0.to(tl.float32), w0)
+        acc = _add(acc, _mul(c1.to(tl.float32), w1))
+        acc = _add(acc, _mul(c2.to(tl.float32), w2))
+        acc = _add(acc, _mul(xv.to(tl.float32), w3))
+        y = tl.where(valid, _silu(acc), 0.0)
+        tl.store(y_ptr + b * syb + rc, y.to(y_ptr.dtype.element_ty), mask=cm)
+        wm = cm & write
+        tl.store(base + 0, c1, mask=wm)
+        tl.store(base + 1, c2, mask=wm)
+        tl.store(base + 2, xv.to(st_ptr.dtype.element_ty), mask=wm)
+
+
+def causal_conv1d_update(x, weight, conv_state, state_indices, sentinel):
+    B, C = x.shape
+    w = weight.reshape(weight.shape[0], weight.shape[-1])
+    if w.shape[1] != 4 or not conv_state.is_contiguous():
+        from kernels.conv1d.vectorized import causal_conv1d_update_vectorized
+        return causal_conv1d_update_vectorized(x, weight, conv_state, state_indices, sentinel)
+    y = torch.empty(B, C, dtype=x.dtype, device=x.device)
+    if B == 0:
+        return y
+    x = x if x.stride(1) == 1 else x.contiguous()
+    w = w.contiguous()
+    idx = state_indices.contiguous()
+    BC = 256
+    _conv_update_kernel[(triton.cdiv(C, BC),)](x, w, conv_state, idx, y, B, C, conv_state.shape[0], int(sentinel),
+                                               x.stride(0), w.stride(0), conv_state.stride(0), conv_state.stride(1),
+                                               y.stride(0), BC=BC, BB=_np2(B), num_warps=4)
+    return y

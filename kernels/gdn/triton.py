@@ -1,0 +1,95 @@
+"""`triton` provider of `repro::gdn_gating` (one kernel, bit-identical) and
+`repro::gated_delta_rule_decode` (q/k L2 norm + decay + delta rule + output, one kernel; within
+fp32 rounding of the reference: reductions in another order). State rows follow
+`kernels/_state.py` as in `kernels/conv1d/triton.py`. Registered in `kernels/triton_provider.py`;
+imported on first use (needs triton).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_helpers import (_add, _div, _exp, _last_claimant, _log1p, _mul, _np2, _slot)
+
+
+@triton.jit
+def _gating_kernel(A_ptr, a_ptr, dt_ptr, b_ptr, g_ptr, beta_ptr, N, HV, sa, sb, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    t = offs // HV
+    h = offs % HV
+    A = tl.load(A_ptr + h, mask=m, other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptr + h, mask=m, other=0.0).to(tl.float32)
+    av = tl.load(a_ptr + t * sa + h, mask=m, other=0.0).to(tl.float32)
+    bv = tl.load(b_ptr + t * sb + h, mask=m, other=0.0).to(tl.float32)
+    x = _add(av, dt)
+    sp = tl.where(x > 20.0, x, _log1p(_exp(x)))
+    tl.store(g_ptr + offs, _mul(-_exp(A), sp), mask=m)
+    tl.store(beta_ptr + offs, _div(1.0, _add(1.0, _exp(-bv))), mask=m)
+
+
+def gdn_gating(A_log, a, dt_bias, b):
+    T, Hv = a.shape
+    g = torch.empty(T, Hv, dtype=torch.float32, device=a.device)
+    beta = torch.empty(T, Hv, dtype=torch.float32, device=a.device)
+    if T == 0:
+        return g, beta
+    a = a if a.stride(1) == 1 else a.contiguous()
+    b = b if b.stride(1) == 1 else b.contiguous()
+    BLOCK = 256
+    _gating_kernel[(triton.cdiv(T * Hv, BLOCK),)](A_log.contiguous(), a, dt_bias.contiguous(), b, g, beta, T * Hv, Hv,
+                                                 a.stride(0), b.stride(0), BLOCK=BLOCK, num_warps=4)
+    return g, beta
+
+
+@triton.jit
+def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_ptr, B, S, sentinel,
+                       sqb, sqh, skb, skh, svb, svh, sgb, sbb, sob, soh, ss_s, ss_h, scale,
+                       GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                       BB: tl.constexpr):
+    """Value head h, value columns rv of every row b in order: one recurrent step on its slot."""
+    h = tl.program_id(0)
+    rv = tl.program_id(1) * BV + tl.arange(0, BV)
+    vm = rv < DV
+    rk = tl.arange(0, DK)
+    kh = h // GROUP
+    for b in range(0, B):
+        idx = tl.load(idx_ptr + b).to(tl.int64)
+        valid, slot = _slot(idx, sentinel, S)
+        write = _last_claimant(b, slot, valid, idx_ptr, B, S, sentinel, BB)
+        q = tl.load(q_ptr + b * sqb + kh * sqh + rk).to(tl.float32)
+        k = tl.load(k_ptr + b * skb + kh * skh + rk).to(tl.float32)
+        q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)) * scale
+        k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6))
+        sp = s_ptr + slot * ss_s + h * ss_h + rk[:, None] * DV + rv[None, :]
+        st = tl.load(sp, mask=vm[None, :], other=0.0)
+        st = st * tl.exp(tl.load(g_ptr + b * sgb + h).to(tl.float32))
+        v = tl.load(v_ptr + b * svb + h * svh + rv, mask=vm, other=0.0).to(tl.float32)
+        delta = tl.load(beta_ptr + b * sbb + h).to(tl.float32) * (v - tl.sum(k[:, None] * st, axis=0))
+        st = st + k[:, None] * delta[None, :]
+        o = tl.where(valid, tl.sum(q[:, None] * st, axis=0), 0.0)
+        tl.store(o_ptr + b * sob + h * soh + rv, o.to(o_ptr.dtype.element_ty), mask=vm)
+        tl.store(sp, st, mask=vm[None, :] & write)
+
+
+def gated_delta_rule_decode(q, k, v, g, beta, ssm_state, state_indices, sentinel):
+    B, Hk, dk = q.shape
+    Hv, dv = v.shape[1:]
+    o = torch.empty(B, Hv, dv, dtype=v.dtype, device=v.device)
+    if B == 0:
+        return o
+    if ssm_state.dtype != torch.float32 or not ssm_state.is_contiguous() or dk != _np2(dk) or \
+            q.stride(2) != 1 or k.stride(2) != 1 or v.stride(2) != 1:
+        from kernels.gdn.vectorized import gated_delta_rule_decode_vectorized
+        return gated_delta_rule_decode_vectorized(q, k, v, g, beta, ssm_state, state_indices, sentinel)
+    g, beta = g.float().contiguous(), beta.float().contiguous()
+    idx = state_indices.contiguous()
+    BV = min(32, _np2(dv))
+    grid = (Hv, triton.cdiv(dv, BV))
+    _gdn_decode_kernel[grid](q, k, v, g, beta, ssm_state, idx, o, B, ssm_state.shape[0], int(sentinel),
+                             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                             g.stride(0), beta.stride(0), o.stride(0), o.stride(1), ssm_state.stride(0),
+                             ssm_state.stride(1), dk ** -0.5, GROUP=Hv // Hk, DK=dk, DV=dv, BV=BV, BB=_np2(B),
+                             num_warps=4)
+    return o

@@ -1,0 +1,174 @@
+"""The `vllm_xpu` adapters held to the vllm-xpu-kernels wheel they call, on the CPU (issue 21).
+
+The wheel's own op schemas (`kernels.vllm_xpu_ops.SCHEMAS`, read from vllm-xpu-kernels
+0.1.16.2) are registered under test namespaces, with CPU bodies that check what the real kernels
+check before they run:
+- `_C.gemma_rms_norm`: floating input with a unit last stride; `weight` of the input's dtype (the
+  wheel checks it explicitly), contiguous, one value per column; `result` contiguous, the input's
+  shape and dtype;
+- `_moe_C.topk_softmax` (vllm-xpu-kernels `csrc/moe/topk.cpp`): fp32 `topk_weights` (read with
+  `data_ptr<float>`), `topk_indices` int32 / uint32 / int64 (anything else fails a TORCH_CHECK),
+  int32 `token_expert_indices`, all three [num_tokens, k]; gating output fp32 / fp16 / bf16,
+  contiguous, num_tokens = numel / num_experts; `bias` fp32, `is_padding` bool 1-D [num_tokens].
+The dispatcher checks every call against the schema (argument count, names, types), the bodies
+check the rest. The bodies also scribble on the arguments the schema lets them mutate, as a real
+kernel may, so an adapter that hands over our op's own inputs is caught.
+"""
+import pytest
+import torch
+
+from kernels._math import tree_sum
+from kernels.moe.common import fixed_order_linear
+from kernels.moe.vectorized import moe_vectorized
+from kernels.moe.vllm_xpu import moe_vllm_xpu
+from kernels.norms.reference import rms_norm_reference
+from kernels.norms.vllm_xpu import rms_norm_vllm_xpu
+from kernels.samples import moe_args
+from kernels.vllm_xpu_ops import SCHEMAS, WHEEL_VERSION
+
+PREFIX = "repro_contract"
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+seen_gating: list = []  # gating outputs the topk_softmax body received, for the logits test
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise RuntimeError(f"vllm-xpu-kernels {WHEEL_VERSION} contract: {message}")
+
+
+def gemma_rms_norm(result, input, weight, epsilon):
+    _check(input.dtype in FLOATS, f"gemma_rms_norm: input dtype {input.dtype} is not floating")
+    _check(weight.dtype == input.dtype, f"gemma_rms_norm: weight dtype {weight.dtype} != input dtype {input.dtype}")
+    _check(input.stride(-1) == 1, "gemma_rms_norm: input's last stride must be 1")
+    _check(weight.is_contiguous() and weight.numel() == input.shape[-1],
+           f"gemma_rms_norm: weight {tuple(weight.shape)} for rows of {input.shape[-1]}")
+    _check(result.is_contiguous() and result.shape == input.shape and result.dtype == input.dtype,
+           f"gemma_rms_norm: result {tuple(result.shape)} {result.dtype} for input {tuple(input.shape)} {input.dtype}")
+    xf = input.float()
+    out = xf * torch.rsqrt(tree_sum(xf * xf, -1, keepdim=True) / xf.shape[-1] + epsilon) * (1.0 + weight.float())
+    result.copy_(out.to(result.dtype))
+    input.fill_(float("nan"))   # the schema marks input and weight mutable: a kernel may use them
+    weight.fill_(float("nan"))
+
+
+def topk_softmax(topk_weights, topk_indices, token_expert_indices, gating_output, renormalize, bias, is_padding):
+    E = gating_output.shape[-1]
+    _check(gating_output.dtype in FLOATS and gating_output.is_contiguous(),
+           f"topk_softmax: gating_output {gating_output.dtype}, contiguous={gating_output.is_contiguous()}")
+    T, k = gating_output.numel() // E, topk_weights.shape[-1]
+    _check(topk_weights.dtype == torch.float32, f"topk_softmax: topk_weights must be float32, got {topk_weights.dtype}")
+    _check(topk_indices.dtype in (torch.int32, torch.uint32, torch.int64),
+           f"topk_softmax: topk_indices must be int32, uint32 or int64, got {topk_indices.dtype}")
+    _check(token_expert_indices.dtype == torch.int32,
+           f"topk_softmax: token_expert_indices must be int32, got {token_expert_indices.dtype}")
+    for name, t in (("topk_weights", topk_weights), ("topk_indices", topk_indices),
+                    ("token_expert_indices", token_expert_indices)):
+        _check(tuple(t.shape) == (T, k) and t.is_contiguous(), f"topk_softmax: {name} {tuple(t.shape)} != {(T, k)}")
+    _check(1 <= k <= E, f"topk_softmax: k={k} with {E} experts")
+    _check(bias is None or (bias.dtype == torch.float32 and bias.numel() == E), "topk_softmax: bias must be fp32 [E]")
+    _check(is_padding is None or (is_padding.dtype == torch.bool and tuple(is_padding.shape) == (T,)),
+           "topk_softmax: is_padding must be bool [num_tokens]")
+    seen_gating.append(gating_output.clone())
+    probs = torch.softmax(gating_output.reshape(T, E).float(), -1)
+    vals, ids = torch.sort(probs, dim=-1, descending=True, stable=True)   # ties to the lowest expert
+    vals, ids = vals[:, :k], ids[:, :k]
+    if renormalize:
+        vals = vals / vals.sum(-1, keepdim=True)
+    topk_weights.copy_(vals)
+    topk_indices.copy_(ids.to(topk_indices.dtype))
+    token_expert_indices.copy_(torch.arange(k)[None, :] * T + torch.arange(T)[:, None])
+
+
+BODIES = {"gemma_rms_norm": gemma_rms_norm, "topk_softmax": topk_softmax}
+
+
+@pytest.fixture(scope="module")
+def ns():
+    """library ("_C", "_moe_C") -> the test namespace holding the wheel's schemas."""
+    libs, out = [], {}
+    for library, schemas in SCHEMAS.items():
+        name = PREFIX + library
+        lib = torch.library.Library(name, "DEF")
+        for op, schema in schemas.items():
+            lib.define(schema)
+            lib.impl(op, BODIES[op], "CPU")
+        libs.append(lib)
+        out[library] = getattr(torch.ops, name)
+    yield out
+    for lib in libs:
+        lib._destroy()
+
+
+def test_every_schema_kept_has_a_checking_body():
+    assert {op for schemas in SCHEMAS.values() for op in schemas} == set(BODIES)
+    for library, schemas in SCHEMAS.items():
+        for op, schema in schemas.items():
+            assert torch._C.parse_schema(schema).name == op, (library, op)
+
+
+@pytest.mark.parametrize("w_dtype", [torch.bfloat16, torch.float32])
+def test_rms_norm_adapter_meets_the_contract(ns, w_dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 64, generator=g).to(torch.bfloat16)
+    w = (torch.randn(64, generator=g) * 0.1).to(w_dtype)
+    x0, w0 = x.clone(), w.clone()
+    out = rms_norm_vllm_xpu(x, w, 1e-6, ns=ns["_C"])
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert torch.equal(x, x0) and torch.equal(w, w0)  # the body scribbled on copies only
+    expected = rms_norm_reference(x, w.to(x.dtype), 1e-6)
+    torch.testing.assert_close(out, expected, rtol=2 ** -7, atol=1e-6)
+
+
+def _uncast_rms_norm(x, w, eps, ns):
+    """The adapter before issue 21: the weight passed in its own dtype."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous().clone()
+    out = torch.empty_like(flat)
+    ns.gemma_rms_norm(out, flat, w.contiguous().clone(), eps)
+    return out.view(x.shape)
+
+
+def test_contract_catches_the_uncast_weight(ns):
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    w = torch.zeros(64, dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="weight dtype torch.float32 != input dtype torch.bfloat16"):
+        _uncast_rms_norm(x, w, 1e-6, ns["_C"])
+    _uncast_rms_norm(x, w.to(x.dtype), 1e-6, ns["_C"])  # the same call is fine when the dtypes agree
+
+
+def test_contract_catches_calls_that_do_not_fit_the_schema(ns):
+    T, k, E = 3, 2, 8
+    logits = torch.randn(T, E).to(torch.bfloat16)
+    w, ids, te = torch.empty(T, k), torch.empty(T, k, dtype=torch.int32), torch.empty(T, k, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="renormalize"):  # the older four-argument form
+        ns["_moe_C"].topk_softmax(w, ids, te, logits)
+    with pytest.raises(RuntimeError, match="token_expert_indices must be int32"):
+        ns["_moe_C"].topk_softmax(w, ids, te.long(), logits, True, None, None)
+    with pytest.raises(RuntimeError, match="topk_weights must be float32"):
+        ns["_moe_C"].topk_softmax(w.bfloat16(), ids, te, logits, True, None, None)
+    with pytest.raises(RuntimeError, match="topk_indices"):
+        ns["_moe_C"].topk_softmax(w, ids.to(torch.int16), te, logits, True, None, None)
+    with pytest.raises(RuntimeError, match="gemma_rms_norm"):  # result and input swapped in dtype
+        ns["_C"].gemma_rms_norm(torch.empty(T, E), logits, torch.zeros(E, dtype=torch.bfloat16), 1e-6)
+
+
+@pytest.mark.parametrize("x_dtype, router_dtype", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                                    (torch.float32, torch.float32)])
+def test_moe_adapter_meets_the_contract_with_fixed_order_logits(ns, x_dtype, router_dtype):
+    """fp32 activations tell the fixed-order sums from a library GEMM (in bf16 both round alike)."""
+    args = list(moe_args(torch.Generator().manual_seed(1), T=5, H=64, E=8, I=32, Is=32, top_k=2, quantized=True))
+    args[0] = args[0].to(x_dtype)
+    args[1] = args[1].to(router_dtype)  # the adapter no longer needs the router weight in x's dtype
+    seen_gating.clear()
+    out = moe_vllm_xpu(*args, ns=ns["_moe_C"])
+    x, router_w = args[0], args[1]
+    # the logits the kernel received are the fixed-order ones every provider uses
+    assert len(seen_gating) == 1 and torch.equal(seen_gating[0], fixed_order_linear(x, router_w))
+    expected = moe_vectorized(*args)
+    torch.testing.assert_close(out, expected, rtol=2 ** -7, atol=1e-3)
+
+
+def test_moe_adapter_rows_do_not_depend_on_the_batch(ns):
+    args = list(moe_args(torch.Generator().manual_seed(2), T=9, H=64, E=8, I=32, Is=32, top_k=2, quantized=True))
+    full = moe_vllm_xpu(*args, ns=ns["_moe_C"])
+    part = moe_vllm_xpu(*([args[0][:3]] + args[1:]), ns=ns["_moe_C"])
+    assert torch.equal(full[:3], part)
