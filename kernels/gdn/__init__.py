@@ -19,9 +19,11 @@ from kernels import registry
 from kernels.gdn import fla, reference, vectorized  # noqa: F401  (register providers)
 from kernels.gdn.common import check_gdn
 
-# FLA's fused_recurrent decode kernel gave a row different results inside batches of different
-# sizes (issue 15's probes: 0.07 between B=3 and B=8 on an H200, fla-core 0.6.0).
-registry.mark_batch_variant("gated_delta_rule_decode", "fla")
+# FLA's decode, called by keyword, is batch-invariant: rows at B=1..7 equal the same rows inside a
+# padded batch of 8 bit for bit (docs/fla/REPORT.md, H200, fla-core 0.6.0; the variance issue 15's
+# probes saw came from a positional call that put beta into `gk`). Its chunked prefill was not
+# measured that way and runs bf16 intermediates chosen per launch: declared batch-variant.
+registry.mark_batch_variant("gated_delta_rule_prefill", "fla")
 
 __all__ = ["gdn_gating", "gated_delta_rule_decode", "gated_delta_rule_prefill"]
 
