@@ -119,17 +119,20 @@ def test_a_missing_or_malformed_result_exits_2_and_writes_nothing(content, messa
 
 
 def test_a_failure_midway_leaves_no_half_written_report(tiny_path, tmp_path, monkeypatch):
+    """Even with --force, a report that fails while it is written leaves the previous one whole:
+    everything is built in a scratch folder and moved in only at the end."""
     import repro.report as report
     res, rep = tmp_path / "r.json", tmp_path / "report"
     main(["run", "--model", tiny_path, "--device", "cpu", "--mode", "full", "--hazard", "stale-pad",
           "--steps", "6", "--json", str(res)])
-    rep.mkdir()
-    (rep / "REPORT.md").write_text("the previous report\n")
+    report.write_report(report.load_result(res), rep, verify=False)
+    before = {p.name: p.read_bytes() for p in rep.iterdir()}
 
     def boom(*a, **k):
         raise RuntimeError("disk full")
     monkeypatch.setattr(report, "repair_rows", boom)
+    monkeypatch.setattr(report, "make_standalone", boom)
     with pytest.raises(RuntimeError):
-        report.write_report(report.load_result(res), rep, verify=False)
-    assert (rep / "REPORT.md").read_text() == "the previous report\n"  # untouched
+        report.write_report(report.load_result(res), rep, verify=False, force=True)
+    assert {p.name: p.read_bytes() for p in rep.iterdir()} == before  # untouched, no scratch folder left
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "report"]
