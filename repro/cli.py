@@ -183,6 +183,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--weights", choices=["auto", "seed", "embed"], default="auto",
                    help="standalone weights: seeded if that reproduces (auto), always seeded, or embedded")
     s.add_argument("--no-verify", action="store_true", help="do not run the standalone script here")
+    s.add_argument("--force", action="store_true",
+                   help="write into a non-empty DIR, replacing only what repro wrote there before")
     s.set_defaults(fn=_report)
 
     s = sub.add_parser("bench", help="eager vs replay, repair costs, the bandwidth floor")

@@ -119,17 +119,197 @@ def test_a_missing_or_malformed_result_exits_2_and_writes_nothing(content, messa
 
 
 def test_a_failure_midway_leaves_no_half_written_report(tiny_path, tmp_path, monkeypatch):
+    """Even with --force, a report that fails while it is written leaves the previous one whole:
+    everything is built in a scratch folder and moved in only at the end."""
     import repro.report as report
     res, rep = tmp_path / "r.json", tmp_path / "report"
     main(["run", "--model", tiny_path, "--device", "cpu", "--mode", "full", "--hazard", "stale-pad",
           "--steps", "6", "--json", str(res)])
-    rep.mkdir()
-    (rep / "REPORT.md").write_text("the previous report\n")
+    report.write_report(report.load_result(res), rep, verify=False)
+    before = {p.name: p.read_bytes() for p in rep.iterdir()}
 
     def boom(*a, **k):
         raise RuntimeError("disk full")
     monkeypatch.setattr(report, "repair_rows", boom)
+    monkeypatch.setattr(report, "make_standalone", boom)
     with pytest.raises(RuntimeError):
-        report.write_report(report.load_result(res), rep, verify=False)
-    assert (rep / "REPORT.md").read_text() == "the previous report\n"  # untouched
+        report.write_report(report.load_result(res), rep, verify=False, force=True)
+    assert {p.name: p.read_bytes() for p in rep.iterdir()} == before  # untouched, no scratch folder left
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "report"]
+
+
+# ---------------------------------------------------------------- issue 18: what a person sees
+
+def _run_json(tiny_path, tmp_path, *args, name="r.json"):
+    res = tmp_path / name
+    main(["run", "--model", tiny_path, "--device", "cpu", *args, "--json", str(res)])
+    return res
+
+
+def test_counts_agree_with_their_nouns(tiny_path, tmp_path):
+    """A one-step run says "1 step" and "1 request", never "1 steps"."""
+    res = _run_json(tiny_path, tmp_path, "--mode", "full", "--hazard", "stale-pad", "--steps", "1")
+    rep = tmp_path / "rep"
+    assert main(["report", str(res), "-o", str(rep), "--no-verify"]) == 0
+    md = (rep / "REPORT.md").read_text()
+    assert "1 step" in md
+    assert not re.search(r"\b1 (steps|requests)\b", md), re.findall(r".*\b1 (?:steps|requests)\b.*", md)
+
+
+def test_a_hunt_report_states_the_hunts_step_count_and_what_it_shows(tiny_path, tmp_path):
+    """The hunt printed its minimal sequence's length; the report names that same number and says
+    why it shows fewer steps (those up to the first divergence), instead of contradicting it."""
+    from repro.sequence import Sequence
+    res = _run_json(tiny_path, tmp_path, "--mode", "full", "--hazard", "stale-pad", "--steps", "24")
+    doc = json.loads(res.read_text())
+    seq = doc.pop("sequence")
+    seq["steps"] = [b.to_json() for b in Sequence.from_json(seq).batches()]
+    doc["minimal_sequence"] = seq
+    total, k = len(seq["steps"]), doc["results"][0]["first_divergence"]["step"]
+    assert k + 1 < total  # the test needs steps after the divergence
+    hunt = tmp_path / "hunt.json"
+    hunt.write_text(json.dumps(doc))
+    assert main(["report", str(hunt), "-o", str(tmp_path / "rep"), "--no-verify"]) == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert f"Shrunk by `repro hunt` to a sequence of {total} steps" in md
+    assert f"the first divergence is at step {k}, so the {k + 1} steps up to and including it" in md
+
+
+def test_repair_costs_compare_runs_of_the_same_steps():
+    """A diverging run stops early: its per-step time is never the denominator. The file's healthy
+    row is, when it ran as many steps as the repaired one; otherwise no cost is given."""
+    from repro.report.repairs import RepairRow, repair_rows
+    h = next(x for x in hz_names() if x[1])
+    name, rep = h
+
+    def row(hazards, repairs, steps, us, diverged=False):
+        return {"island": "chain", "mode": "full", "hazards": hazards, "repairs": repairs, "steps": steps,
+                "diverged": diverged, "first_divergence": {"step": steps - 1} if diverged else None,
+                "replay_us": us}
+    doc = {"results": [row([], [], 30, 100.0), row([name], [], 1, 9000.0, True), row([name], [rep], 30, 120.0)]}
+    rows = repair_rows(doc, doc["results"][1], [], {}, None, 0)
+    got = next(x for x in rows if x.repair == rep)
+    assert got.baseline_us == 100.0 and abs(got.cost - 1.2) < 1e-9
+    doc["results"][0]["steps"] = 12
+    got = next(x for x in repair_rows(doc, doc["results"][1], [], {}, None, 0) if x.repair == rep)
+    assert got.cost is None and "12" in got.why_no_cost
+    assert RepairRow("x", False, 50.0, 10.0, "file", steps=1, baseline_steps=30).cost is None
+
+
+def hz_names():
+    from repro import hazards as hz
+    return [(h.name, h.repairs[0] if h.repairs else None) for h in hz.HAZARDS.values()
+            if h.islands == ("chain",) and not h.device_only]
+
+
+def test_the_replay_command_has_no_local_checkpoint_path(tiny_path, tmp_path):
+    res = _run_json(tiny_path, tmp_path, "--mode", "full", "--hazard", "stale-pad", "--steps", "6")
+    assert main(["report", str(res), "-o", str(tmp_path / "rep"), "--no-verify"]) == 0
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    block = md.split("Replay exactly this case")[1].split("```")[1]
+    assert "repro run --model CHECKPOINT --device cpu" in block and str(tiny_path) not in block
+    assert "`CHECKPOINT`: your copy of the checkpoint" in md
+    assert str(Path(tiny_path).parent) not in md.split("## Environment")[0]  # the summary table neither
+
+
+def test_the_default_row_is_one_the_standalone_script_rebuilds():
+    """A default run's first divergence may be a hazard the script cannot rebuild; the report then
+    takes the first divergence it can, so the report comes with a script."""
+    from repro import hazards as hz
+    from repro.report import pick
+    no = next(h for h in hz.HAZARDS.values() if not h.standalone and h.detected_as == "divergence")
+    yes = next(h for h in hz.HAZARDS.values() if h.standalone)
+
+    def row(h, diverged, expect):
+        return {"island": "chain", "mode": "piecewise", "hazards": [h] if h else [], "repairs": [],
+                "diverged": diverged, "first_divergence": {"step": 3} if diverged else None, "expect": expect}
+    doc = {"results": [row(None, False, "clean"), row(no.name, True, "diverged"), row(yes.name, True, "diverged")]}
+    assert pick(doc) == 2
+    doc["results"][0] = row(None, True, "clean")  # an unexpected divergence still comes first
+    assert pick(doc) == 0
+    assert pick(doc, 1) == 1
+
+
+def test_embedded_weights_say_torch_and_safetensors(tiny_path, tmp_path):
+    res = _run_json(tiny_path, tmp_path, "--mode", "full", "--hazard", "stale-pad", "--steps", "6")
+    rep = tmp_path / "rep"
+    assert main(["report", str(res), "-o", str(rep), "--no-verify", "--weights", "embed"]) == 0
+    md, script = (rep / "REPORT.md").read_text(), (rep / SCRIPT).read_text()
+    assert (rep / "repro_weights.safetensors").exists()
+    assert "Or with torch and safetensors" in md and "It needs torch and safetensors" in md
+    assert "nothing but torch" not in md and "only torch" not in md
+    assert "It needs torch and safetensors" in script
+    seeded = tmp_path / "seeded"
+    assert main(["report", str(res), "-o", str(seeded), "--no-verify"]) == 0
+    assert "Or with only torch" in (seeded / "REPORT.md").read_text()
+    assert "It needs only torch" in (seeded / SCRIPT).read_text()
+
+
+# ---------------------------------------------------------------- issue 18: data loss
+
+def test_a_non_empty_report_dir_is_refused_and_kept(tiny_path, tmp_path, capsys):
+    res = _run_json(tiny_path, tmp_path, "--mode", "full", "--hazard", "stale-pad", "--steps", "4")
+    rep = tmp_path / "rep"
+    (rep / "sub").mkdir(parents=True)
+    (rep / "notes.txt").write_text("mine\n")
+    (rep / "sub" / "data").write_text("mine too\n")
+    capsys.readouterr()
+    assert main(["report", str(res), "-o", str(rep), "--no-verify"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not empty" in err and "--force" in err and "Traceback" not in err
+    assert sorted(p.name for p in rep.iterdir()) == ["notes.txt", "sub"]
+    assert (rep / "sub" / "data").read_text() == "mine too\n"
+    # --force writes the report beside the user's files and keeps them
+    assert main(["report", str(res), "-o", str(rep), "--no-verify", "--force"]) == 0
+    assert (rep / "notes.txt").read_text() == "mine\n" and (rep / "sub" / "data").read_text() == "mine too\n"
+    assert (rep / "REPORT.md").exists()
+
+
+def test_force_removes_only_what_the_suite_wrote_before(tiny_path, tmp_path):
+    res = _run_json(tiny_path, tmp_path, "--mode", "full", "--hazard", "stale-pad", "--steps", "4")
+    rep = tmp_path / "rep"
+    assert main(["report", str(res), "-o", str(rep), "--no-verify", "--weights", "embed"]) == 0
+    assert (rep / "repro_weights.safetensors").exists()
+    (rep / "mine.txt").write_text("keep\n")
+    assert main(["report", str(res), "-o", str(rep), "--no-verify", "--force"]) == 0  # seeded this time
+    assert not (rep / "repro_weights.safetensors").exists()  # the suite's old file, not written again
+    assert (rep / "mine.txt").read_text() == "keep\n"
+
+
+def test_force_never_overwrites_a_users_file_under_a_report_name(tiny_path, tmp_path, capsys):
+    res = _run_json(tiny_path, tmp_path, "--mode", "full", "--hazard", "stale-pad", "--steps", "4")
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    (rep / "REPORT.md").write_text("my own notes\n")
+    assert main(["report", str(res), "-o", str(rep), "--no-verify", "--force"]) == 2
+    assert "not written by repro" in capsys.readouterr().err
+    assert (rep / "REPORT.md").read_text() == "my own notes\n"
+
+
+def test_dot_as_the_output_dir(tiny_path, tmp_path, monkeypatch, capsys):
+    """`-o .` writes into an empty current directory, and refuses a non-empty one in one line."""
+    res = _run_json(tiny_path, tmp_path, "--mode", "full", "--hazard", "stale-pad", "--steps", "4")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["report", str(res), "-o", ".", "--no-verify"]) == 0
+    assert (here / "REPORT.md").exists()
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "x").write_text("x")
+    monkeypatch.chdir(busy)
+    capsys.readouterr()
+    assert main(["report", str(res), "-o", ".", "--no-verify"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert sorted(os.listdir(busy)) == ["x"]
+
+
+def test_run_report_into_a_non_empty_dir_is_refused(tiny_path, tmp_path, capsys):
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    (rep / "keep.txt").write_text("k")
+    rc = main(["run", "--model", tiny_path, "--device", "cpu", "--mode", "full", "--hazard", "stale-pad",
+               "--steps", "4", "--report", str(rep)])
+    assert rc == 2 and "not empty" in capsys.readouterr().err
+    assert sorted(os.listdir(rep)) == ["keep.txt"]

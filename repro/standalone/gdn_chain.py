@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """@TITLE@
 
-A standalone reproducer written by `repro report`. It needs only torch (plus safetensors when
-the weights are embedded beside it, and intel_extension_for_pytorch on an IPEX XPU stack); it
-does not import the suite that generated it.
+A standalone reproducer written by `repro report`. It needs @NEEDS@ (and
+intel_extension_for_pytorch on an IPEX XPU stack only); it does not import the suite that
+generated it.
 
 It rebuilds one Qwen3.6-35B-A3B (W8A8 INT8) GDN layer as vLLM's PIECEWISE split cuts it:
 
@@ -32,8 +32,10 @@ intel_extension_for_pytorch.xpu.XPUGraph (IPEX 2.6/2.7) on XPU; on a CPU, a smal
 same tensor objects, so addresses, Python-side decisions and the op sequence are frozen as a
 device graph freezes them (no streams, no memory-pool reuse: not needed here).
 
-Prefill (mixed steps) runs eagerly in both copies; its gated delta rule is the token-by-token
-recurrence (the suite's chunked form computes the same recurrence).
+Prefill (mixed steps) runs eagerly in both copies. The kernel math (section "math") is the
+suite's own reference code (`kernels/*/reference.py` and their helpers), copied in when this
+script was written; the layer wiring, the runner, the tape and the comparison are this
+template's own (`repro/standalone/gdn_chain.py`).
 
 Usage:  python repro_standalone.py [--device auto|cpu|cuda|xpu] [--repair [NAME]] [--no-hazard]
 Exit:   1 the divergence reproduced, 0 replay == eager bit for bit at every step, 2 bad usage.
@@ -53,10 +55,13 @@ from torch.utils._pytree import tree_flatten
 
 SPEC_JSON = None  # @SPEC@ (filled in by `repro report`)
 
-# What each hazard changes, and what repairs this script knows (see HAZARDS in the spec).
-KNOWN_HAZARDS = ("stale-pad", "pad-sentinel-mismatch", "frozen-python-state", "fresh-alloc-split-op")
-KNOWN_REPAIRS = ("sanitize-pad", "recapture", "copy-inputs", "eager-family=moe", "eager-family=submod0",
-                 "eager-family=submod1")
+
+# What the knobs do here: the options of the suite's hazard table (repro/hazards.py) that this
+# script rebuilds, at their defaults. `repro report` writes, into the spec, which options each
+# hazard and repair of the table sets (only rows marked `standalone`); the script reads options,
+# never a hazard's name.
+OPTION_DEFAULTS = {"runner.pad": "sentinel", "runner.copy_inputs": False, "runner.recapture": False,
+                   "runner.eager_families": [], "island.fresh_core_out": False, "island.trim_moe_to_context": False}
 
 
 def die(msg: str, code: int = 2):
@@ -64,219 +69,45 @@ def die(msg: str, code: int = 2):
     sys.exit(code)
 
 
-# ============================================================================ math (fp32 inside)
-# silu / sigmoid / softplus are written with exp only, so a value depends on its input alone and
-# not on where it sits in a tensor (CPU kernels round a vector body and its tail differently).
-
-def silu(x):
-    return x / (1.0 + torch.exp(-x))
-
-
-def sigmoid(x):
-    return 1.0 / (1.0 + torch.exp(-x))
-
-
-def softplus(x):
-    return torch.where(x > 20.0, x, torch.log1p(torch.exp(x)))
-
-
-def l2norm(x):
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
-
-
-def rms_norm(x, w, eps):
-    """Gemma style: x * rsqrt(mean(x^2) + eps) * (1 + w)."""
-    xf = x.float()
-    return (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps) * (1.0 + w.float())).to(x.dtype)
+def options_for(spec, hazards, repairs):
+    """(eager copy's options, replay copy's options): hazards' settings first, then the repairs'
+    (a repair wins); a family set is a union; an island option of a replay-only hazard (a
+    compiler's doing to a captured piece) reaches the replay copy alone."""
+    eager, replay = dict(OPTION_DEFAULTS), dict(OPTION_DEFAULTS)
+    eager["runner.eager_families"] = replay["runner.eager_families"] = list(spec["families"])
+    rows = [(spec["knobs"]["hazards"][h], True) for h in hazards] + \
+        [(spec["knobs"]["repairs"][r], False) for r in repairs]
+    for row, is_hazard in rows:
+        for key, value in row["sets"].items():
+            targets = [replay] if is_hazard and row.get("replay_only") and key.startswith("island.") \
+                else [eager, replay]
+            for opts in targets:
+                if key == "runner.eager_families":
+                    opts[key] = sorted(set(opts[key]) | set(value))
+                else:
+                    opts[key] = value
+    return eager, replay
 
 
-def rms_norm_gated(x, z, w, eps):
-    """Per value head: w * rmsnorm(x) * silu(z) (plain weight)."""
-    xf = x.float()
-    normed = xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + eps)
-    return (w.float() * normed * silu(z.float())).to(z.dtype)
+# ============================================================================ math
+# @MATH@ (the suite's reference kernels, copied in by `repro report`)
 
 
-def quantize_per_token(x):
-    """Dynamic symmetric int8 per token: scale = amax / 127, q = round_half_even(x / scale)."""
-    xf = x.float()
-    scale = xf.abs().amax(dim=-1) / 127.0
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-    return torch.round(xf / scale.unsqueeze(-1)).clamp_(-128.0, 127.0).to(torch.int8), scale
-
-
-def int8_matmul(a, b):
-    """int8 [M, K] x int8 [N, K] -> int32 [M, N], exact (fp32 blocks of 1024 hold every partial sum)."""
-    M, K = a.shape
-    acc = torch.zeros(M, b.shape[0], dtype=torch.int32, device=a.device)
-    for k0 in range(0, K, 1024):
-        acc += (a[:, k0:k0 + 1024].float() @ b[:, k0:k0 + 1024].float().t()).to(torch.int32)
-    return acc
-
+# ---- the driver's names for them (as `kernels.linear` and `kernels.moe_block` call them)
 
 def linear(x, lin):
     """lin = (weight, scale): W8A8 when scale is a tensor, else a bf16 F.linear."""
     w, s = lin
     if s is None:
         return F.linear(x, w)
-    q, xs = quantize_per_token(x)
-    return (int8_matmul(q, w).float() * xs.unsqueeze(-1) * s.float()).to(x.dtype)
-
-
-def slot_rows(state_indices, sentinel, num_slots):
-    """(valid, slot): a row whose index is the sentinel is padding; others address slot % S."""
-    idx = state_indices.to(torch.int64)
-    valid = idx != sentinel
-    return valid, torch.remainder(torch.where(valid, idx, torch.zeros_like(idx)), num_slots)
-
-
-def write_rows_in_order(cache, slot, valid, new):
-    """Row by row in batch order (the last valid row naming a slot wins); padding rewrites what is there."""
-    for b in range(slot.shape[0]):
-        at = slot[b:b + 1]
-        cache.index_copy_(0, at, torch.where(valid[b], new[b:b + 1].to(cache.dtype), cache.index_select(0, at)))
-
-
-def conv_taps(taps, w):
-    acc = taps[0] * w[:, 0]
-    for j in range(1, len(taps)):
-        acc = acc + taps[j] * w[:, j]
-    return silu(acc)
-
-
-def conv1d_update(x, w, conv_state, state_indices, sentinel):
-    """Decode: one token a row. x [B, C], w fp32 [C, K], conv_state [S, C, K-1]. Graph-safe."""
-    B, C = x.shape
-    K = w.shape[1]
-    valid, slot = slot_rows(state_indices, sentinel, conv_state.shape[0])
-    ys, news = [], []
-    for b in range(B):
-        hist = conv_state.index_select(0, slot[b:b + 1])[0]
-        ys.append(conv_taps([hist[:, j].float() for j in range(K - 1)] + [x[b].float()], w))
-        news.append(torch.cat([hist[:, 1:], x[b, :, None].to(conv_state.dtype)], dim=1))
-    y = torch.where(valid[:, None], torch.stack(ys), 0.0).to(x.dtype)
-    write_rows_in_order(conv_state, slot, valid, torch.stack(news))
-    return y
-
-
-def conv1d_prefill(x, w, conv_state, query_start_loc, state_indices, has_initial_state, sentinel):
-    """Varlen prefill (eager only: reads host values)."""
-    T, C = x.shape
-    K, S = w.shape[1], conv_state.shape[0]
-    y = torch.zeros(T, C, dtype=x.dtype, device=x.device)
-    starts, indices, init = query_start_loc.tolist(), state_indices.tolist(), has_initial_state.tolist()
-    history = [conv_state[i % S].float().clone() if h else torch.zeros(C, K - 1, device=x.device)
-               for i, h in zip(indices, init)]
-    finals = []
-    for b, index in enumerate(indices):
-        if index == sentinel:
-            continue
-        s, e = starts[b], starts[b + 1]
-        seq = torch.cat([history[b], x[s:e].float().t()], dim=1)
-        y[s:e] = conv_taps([seq[:, j:j + e - s].t() for j in range(K)], w).to(x.dtype)
-        finals.append((index % S, seq[:, seq.shape[1] - (K - 1):]))
-    for slot, final in finals:
-        conv_state[slot] = final.to(conv_state.dtype)
-    return y
-
-
-def gdn_gating(A_log, a, dt_bias, b):
-    return -torch.exp(A_log.float()) * softplus(a.float() + dt_bias.float()), sigmoid(b.float())
-
-
-def prepare_qk(q, k, hv):
-    """fp32, L2-normalised, q * dk^-0.5; value head h reads key head h // (Hv / Hk)."""
-    def expand(x):
-        n, hk, d = x.shape
-        return x.unsqueeze(2).expand(n, hk, hv // hk, d).reshape(n, hv, d)
-    return expand(l2norm(q.float()) * q.shape[-1] ** -0.5), expand(l2norm(k.float()))
-
-
-def delta_step(S, q, k, v, g, beta):
-    """One token, all heads: S [Hv, dk, dv] -> (o [Hv, dv], new S)."""
-    S = S * torch.exp(g)[:, None, None]
-    delta = beta[:, None] * (v - (k[:, None, :] @ S)[:, 0])
-    S = S + k[:, :, None] * delta[:, None, :]
-    return (q[:, None, :] @ S)[:, 0], S
-
-
-def gdn_decode(q, k, v, g, beta, ssm_state, state_indices, sentinel):
-    """One step for B rows; every row reads the state as it was before the call. Graph-safe."""
-    hv = v.shape[1]
-    valid, slot = slot_rows(state_indices, sentinel, ssm_state.shape[0])
-    qf, kf = prepare_qk(q, k, hv)
-    outs, news = [], []
-    for b in range(v.shape[0]):
-        o, S = delta_step(ssm_state.index_select(0, slot[b:b + 1])[0].float(), qf[b], kf[b], v[b].float(),
-                          g[b].float(), beta[b].float())
-        outs.append(o)
-        news.append(S)
-    out = torch.where(valid[:, None, None], torch.stack(outs), 0.0).to(v.dtype)
-    write_rows_in_order(ssm_state, slot, valid, torch.stack(news))
-    return out
-
-
-def gdn_prefill(q, k, v, g, beta, ssm_state, query_start_loc, state_indices, has_initial_state, sentinel):
-    """Varlen prefill, token by token (eager only)."""
-    T, hv, dv = v.shape
-    dk, S_n = q.shape[-1], ssm_state.shape[0]
-    out = torch.zeros(T, hv, dv, dtype=v.dtype, device=v.device)
-    qf, kf = prepare_qk(q, k, hv)
-    starts, indices, init = query_start_loc.tolist(), state_indices.tolist(), has_initial_state.tolist()
-    initial = [ssm_state[i % S_n].float().clone() if h else torch.zeros(hv, dk, dv, device=v.device)
-               for i, h in zip(indices, init)]
-    finals = []
-    for b, index in enumerate(indices):
-        if index == sentinel:
-            continue
-        S = initial[b]
-        for t in range(starts[b], starts[b + 1]):
-            o, S = delta_step(S, qf[t], kf[t], v[t].float(), g[t].float(), beta[t].float())
-            out[t] = o.to(v.dtype)
-        finals.append((index % S_n, S))
-    for slot, S in finals:
-        ssm_state[slot] = S.to(ssm_state.dtype)
-    return out
-
-
-def silu_and_mul(h):
-    half = h.shape[-1] // 2
-    return (silu(h[..., :half].float()) * h[..., half:].float()).to(h.dtype)
+    y = w8a8_linear_reference(x.reshape(-1, x.shape[-1]), w, s, None)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
 def moe(x, P, top_k, renormalize):
-    """Router softmax (fp32), top-k by repeated argmax (ties to the lowest expert), renormalised;
-    every expert run densely over all rows and masked (no host sync); shared expert gated by
-    sigmoid(shared_expert_gate)."""
-    T, H = x.shape
-    w13, s13, w2, s2 = P["experts.w13"], P.get("experts.w13_scale"), P["experts.w2"], P.get("experts.w2_scale")
-    E, I2 = w13.shape[0], w13.shape[1]
-    probs = torch.softmax(F.linear(x, P["router"]).float(), dim=-1)
-    remaining, values, ids = probs.clone(), [], []
-    for _ in range(top_k):
-        i = remaining.argmax(dim=-1, keepdim=True)
-        values.append(probs.gather(-1, i))
-        ids.append(i)
-        remaining = remaining.scatter(-1, i, float("-inf"))
-    weights, ids = torch.cat(values, -1), torch.cat(ids, -1)
-    if renormalize:
-        weights = weights / sum((weights[:, j:j + 1] for j in range(1, top_k)), weights[:, 0:1])  # k order
-    h = x.new_zeros(T, top_k, I2)
-    for e in range(E):
-        h_e = linear(x, (w13[e], None if s13 is None else s13[e]))
-        h = torch.where((ids == e)[..., None], h_e[:, None, :], h)
-    act = silu_and_mul(h.reshape(T * top_k, I2))
-    pair_expert = ids.reshape(-1)
-    y = x.new_zeros(T * top_k, H)
-    for e in range(E):
-        y = torch.where((pair_expert == e)[:, None], linear(act, (w2[e], None if s2 is None else s2[e])), y)
-    y = y.view(T, top_k, H)
-    routed = weights[:, 0:1] * y[:, 0].float()
-    for j in range(1, top_k):
-        routed = routed + weights[:, j:j + 1] * y[:, j].float()
-    shared = linear(silu_and_mul(linear(x, P.lin("shared_gate_up"))), P.lin("shared_down"))
-    gate = sigmoid(F.linear(x, P["shared_expert_gate"]).float())
-    return (routed + gate * shared.float()).to(x.dtype)
+    return moe_reference(x, P["router"], P["experts.w13"], P.get("experts.w13_scale"), P["experts.w2"],
+                         P.get("experts.w2_scale"), *P.lin("shared_gate_up"), *P.lin("shared_down"),
+                         P["shared_expert_gate"], top_k, renormalize)
 
 
 # ============================================================================ weights
@@ -359,7 +190,6 @@ def load_weights(spec, device) -> Weights:
     row_of = torch.zeros(spec["config"]["vocab"], dtype=torch.long)
     row_of[torch.tensor(spec["embed_ids"], dtype=torch.long)] = torch.arange(len(spec["embed_ids"]))
     P["row_of"] = row_of.to(device)
-    P["conv_w"] = P["conv1d_weight"].reshape(P["conv1d_weight"].shape[0], -1).float()
     return P
 
 
@@ -380,9 +210,9 @@ class Context:
 class LayerCopy:
     """submod0 -> gdn_core -> submod1 with its own state cache."""
 
-    def __init__(self, P, spec, hazards, device):
+    def __init__(self, P, spec, opts, device):
         c = spec["config"]
-        self.P, self.c, self.hazards, self.device = P, c, frozenset(hazards), device
+        self.P, self.c, self.opts, self.device = P, c, opts, device
         self.sentinel = spec["sentinel"]
         rows = spec["num_slots"] + (1 if self.sentinel == 0 else 0)  # sentinel 0: row 0 is the null block
         conv_dim = 2 * c["hk"] * c["dk"] + c["hv"] * c["dv"]
@@ -396,7 +226,7 @@ class LayerCopy:
     def submod0(self, input_ids):
         P, c = self.P, self.c
         residual = P["embed_rows"][P["row_of"][input_ids]]
-        x = rms_norm(residual, P["input_layernorm"], c["eps"])
+        x = rms_norm_reference(residual, P["input_layernorm"], c["eps"])
         z = linear(x, P.lin("in_proj_z"))
         return {"qkv": linear(x, P.lin("in_proj_qkv")), "z": z, "b": linear(x, P.lin("in_proj_b")),
                 "a": linear(x, P.lin("in_proj_a")), "residual": residual,
@@ -413,35 +243,36 @@ class LayerCopy:
         """The splitting op: writes core_out and the state caches in place."""
         P, s = self.P, self.sentinel
         nd, nt = meta["num_decodes"], meta["num_tokens"]
-        out = torch.empty_like(core_out) if "fresh-alloc-split-op" in self.hazards else core_out
+        out = torch.empty_like(core_out) if self.opts["island.fresh_core_out"] else core_out
         if nd:
             idx = meta["state_indices"][:nd]
-            q, k, v = self._split(conv1d_update(qkv[:nd], P["conv_w"], self.conv, idx, s))
-            g, beta = gdn_gating(P["A_log"], a[:nd], P["dt_bias"], b[:nd])
-            out[:nd].copy_(gdn_decode(q, k, v, g, beta, self.ssm, idx, s))
+            q, k, v = self._split(causal_conv1d_update_reference(qkv[:nd], P["conv1d_weight"], self.conv, idx, s))
+            g, beta = gdn_gating_reference(P["A_log"], a[:nd], P["dt_bias"], b[:nd])
+            out[:nd].copy_(gated_delta_rule_decode_reference(q, k, v, g, beta, self.ssm, idx, s))
         if nt > nd:
             qsl = meta["query_start_loc"][nd:] - nd
             idx, init = meta["state_indices"][nd:], meta["has_initial_state"][nd:]
-            q, k, v = self._split(conv1d_prefill(qkv[nd:nt], P["conv_w"], self.conv, qsl, idx, init, s))
-            g, beta = gdn_gating(P["A_log"], a[nd:nt], P["dt_bias"], b[nd:nt])
-            out[nd:nt].copy_(gdn_prefill(q, k, v, g, beta, self.ssm, qsl, idx, init, s))
+            q, k, v = self._split(causal_conv1d_fn_reference(qkv[nd:nt], P["conv1d_weight"], self.conv, qsl, idx,
+                                                             init, s))
+            g, beta = gdn_gating_reference(P["A_log"], a[nd:nt], P["dt_bias"], b[nd:nt])
+            out[nd:nt].copy_(gated_delta_rule_prefill_reference(q, k, v, g, beta, self.ssm, qsl, idx, init, s))
         return out
 
     def submod1(self, core_out, z, residual):
         P, c = self.P, self.c
         t = core_out.shape[0]
-        gated = rms_norm_gated(core_out, z.reshape(t, c["hv"], c["dv"]), P["norm_weight"], c["eps"])
-        h = residual + linear(gated.reshape(t, -1), P.lin("out_proj"))
-        x = rms_norm(h, P["post_attention_layernorm"], c["eps"])
-        if "frozen-python-state" in self.hazards:
+        gated = rms_norm_gated_reference(core_out, z.reshape(t, c["hv"], c["dv"]), P["norm_weight"], c["eps"])
+        h, x = add_rms_norm_reference(residual, linear(gated.reshape(t, -1), P.lin("out_proj")),
+                                      P["post_attention_layernorm"], c["eps"])
+        if self.opts["island.trim_moe_to_context"]:
             # vLLM's MoE trims to the forward context's token count: a Python int a graph freezes
             n = self.ctx.get("num_actual_tokens")
             m = torch.zeros_like(x)
             m[:n] = moe(x[:n], P, c["top_k"], c["renormalize"])
         else:
             m = moe(x, P, c["top_k"], c["renormalize"])
-        hidden = h + m
-        return {"hidden": hidden, "next_normed": rms_norm(hidden, P["next_norm"], c["eps"])}
+        hidden, next_normed = add_rms_norm_reference(h, m, P["next_norm"], c["eps"])
+        return {"hidden": hidden, "next_normed": next_normed}
 
 
 SUBMOD0_OUT = ("qkv", "z", "b", "a", "residual")
@@ -596,11 +427,11 @@ class GraphRunner:
     """vLLM's runner: capture sizes, pad to the next size, persistent buffers sliced per step,
     lazy capture into one pool after a warm-up, piecewise or full."""
 
-    def __init__(self, copy, graphs, spec, hazards, repairs):
+    def __init__(self, copy, graphs, spec, opts):
         self.copy, self.graphs, self.mode = copy, graphs, spec["mode"]
         self.sizes = sorted(spec["sizes"])
-        self.hazards, self.repairs = frozenset(hazards), frozenset(repairs)
-        self.eager_family = {r.split("=", 1)[1] for r in self.repairs if r.startswith("eager-family=")}
+        self.opts = opts
+        self.eager_family = set(opts["runner.eager_families"])
         self.sentinel = copy.sentinel
         n = max(spec["max_tokens"], max(self.sizes))
         self.input_ids = torch.zeros(n, dtype=torch.long, device=copy.device)
@@ -609,7 +440,7 @@ class GraphRunner:
         self.notes = []
 
     def _pad_value(self):
-        if "pad-sentinel-mismatch" in self.hazards and "sanitize-pad" not in self.repairs:
+        if self.opts["runner.pad"] == "other":
             return 0 if self.sentinel != 0 else -1  # the runner pads with 0, the kernel skips only -1
         return self.sentinel
 
@@ -619,10 +450,9 @@ class GraphRunner:
         self.input_ids[:n].copy_(torch.tensor(st["token_ids"], dtype=torch.long, device=dev))
         token_slots = [s for s, q in zip(st["slots"], st["query_lens"]) for _ in range(q)]
         self.token_slot[:n].copy_(torch.tensor(token_slots, dtype=torch.int32, device=dev))
-        stale = "stale-pad" in self.hazards and "sanitize-pad" not in self.repairs
-        if size > n and (not stale or "pad-sentinel-mismatch" in self.hazards):
+        if size > n and self.opts["runner.pad"] != "stale":
             # nano-vllm's `slot_mapping.fill_(-1)`: padded rows carry the kernel's sentinel.
-            # With stale-pad this is skipped: the padded tail keeps the last step's values.
+            # With a stale pad this is skipped: the padded tail keeps the last step's values.
             self.input_ids[n:size].zero_()
             self.token_slot[n:size].fill_(self._pad_value())
 
@@ -693,7 +523,7 @@ class GraphRunner:
             if changed:
                 self.notes.append(f"step {st['step']}: size {size} was captured with {cap['frozen']}, now "
                                   f"{ {k: now for k, (_, now) in changed.items()} } (a graph replays the frozen value)")
-                if "recapture" in self.repairs:
+                if self.opts["runner.recapture"]:
                     cap = None
         if cap is None:
             cap = self.captured[size] = self._capture(size)
@@ -708,7 +538,7 @@ class GraphRunner:
         else:
             o0 = c.submod0(self.input_ids[:size])
         fresh = c.gdn_core(o0["qkv"][:n], o0["b"][:n], o0["a"][:n], o0["core_out"][:n], step_meta(st, c.device))
-        if fresh.data_ptr() != o0["core_out"].data_ptr() and "copy-inputs" in self.repairs:
+        if fresh.data_ptr() != o0["core_out"].data_ptr() and self.opts["runner.copy_inputs"]:
             o0["core_out"][:n].copy_(fresh)  # the splitting op allocated: copy into the captured input
         ins = cap["ins1"]
         if ins is not None:
@@ -776,10 +606,13 @@ def main(argv=None) -> int:
             if not spec["default_repairs"]:
                 die("no repair is known for this divergence")
             repairs |= set(spec["default_repairs"])
-        elif r not in KNOWN_REPAIRS:
-            die(f"unknown repair {r!r} (known here: {', '.join(KNOWN_REPAIRS)})")
+        elif r not in spec["knobs"]["repairs"]:
+            die(f"unknown repair {r!r} (known here: {', '.join(spec['knobs']['repairs'])})")
+        elif spec["knobs"]["repairs"][r].get("piecewise_only") and spec["mode"] == "full":
+            die(f"repair {r}: the full-mode graph holds the whole chain, so no family can run eagerly inside it")
         else:
             repairs.add(r)
+    eager_opts, replay_opts = options_for(spec, hazards, sorted(repairs))
     device = pick_device(a.device)
     if device == "cpu" and spec["config"]["hidden"] <= 512:
         torch.set_num_threads(1)  # small matrices: threads only add start-up and contention
@@ -789,9 +622,9 @@ def main(argv=None) -> int:
     with torch.inference_mode():
         P = load_weights(spec, device)
         graphs = Graphs(device)
-        eager_copy, replay_copy = LayerCopy(P, spec, hazards, device), LayerCopy(P, spec, hazards, device)
+        eager_copy, replay_copy = LayerCopy(P, spec, eager_opts, device), LayerCopy(P, spec, replay_opts, device)
         eager = EagerRunner(eager_copy)
-        runner = GraphRunner(replay_copy, graphs, spec, hazards, repairs)
+        runner = GraphRunner(replay_copy, graphs, spec, replay_opts)
         w = spec["weights"]
         print(f"torch {torch.__version__} on {device_name(device)}; graphs: {graphs.api}")
         print(f"mode {spec['mode']}; hazard {', '.join(hazards) or 'none'}; "

@@ -1,0 +1,110 @@
+"""What a report cites and how it explains the mechanism: public issues, and what the planted
+hazard did in this very case, read from the typed options the hazard table sets (never from a
+hazard's name)."""
+from __future__ import annotations
+
+import re
+
+from .. import hazards as hz
+from ..options import Pad
+
+ISSUE_URLS = {
+    "vLLM": "https://github.com/vllm-project/vllm/issues/{}",
+    "PyTorch": "https://github.com/pytorch/pytorch/issues/{}",
+    "torch-xpu-ops": "https://github.com/intel/torch-xpu-ops/issues/{}",
+    "auto-round": "https://github.com/intel/auto-round/issues/{}",
+}
+# What each public case shows, so a reader knows why it is cited.
+CASE_NOTES = {
+    ("vLLM", "37363"): "a splitting op returns a fresh tensor: the next graph reads a stale input address",
+    ("vLLM", "37361"): "a splitting op returns a fresh tensor: the next graph reads a stale input address",
+    ("vLLM", "37395"): "a splitting op returns a fresh tensor: the next graph reads a stale input address",
+    ("vLLM", "53915"): "a splitting op returns a fresh tensor: the next graph reads a stale input address",
+    ("vLLM", "35431"): "pad sentinel moved from -1 to 0; kernels had to learn to skip 0",
+    ("vLLM", "39064"): "pad sentinel moved from -1 to 0; kernels had to learn to skip 0",
+    ("vLLM", "37728"): "Mamba state corrupted by stale block-table entries with FULL graphs",
+    ("vLLM", "51928"): "XPU GDN moved outside the graph: frozen state addressing corrupted Qwen3.5",
+    ("vLLM", "48327"): "XPU graph gibberish at TP2 on B70",
+    ("vLLM", "48946"): "XPU graph gibberish on PVC",
+    ("PyTorch", "189403"): "a captured all-reduce replayed, then an eager all-reduce gives NaN on XPU",
+    ("PyTorch", "196490"): "SYCL graph capture does not follow other queues",
+    ("PyTorch", "122192"): "stale outputs on the replay path",
+    ("PyTorch", "114844"): "Python-side state changed during capture is not replayed",
+    ("torch-xpu-ops", "2992"): "XCCL capture needs oneCCL >= 2021.17.2",
+    ("auto-round", "2206"): "a oneDNN matmul on a cached stream was never recorded: every replay returned zeros",
+}
+# Cited for a divergence with no planted hazard (the upstream bug itself), by provider.
+BASELINE_CASES = {
+    "xpu": "vLLM 48327, 48946, 51928, PyTorch 196490, torch-xpu-ops 2992",
+    "ipex-xpu": "vLLM 48327, 48946, 51928, PyTorch 196490, torch-xpu-ops 2992",
+    "cuda": "PyTorch 122192, vLLM 37728",
+}
+
+
+def parse_cases(text: str) -> list[tuple[str, str, str | None]]:
+    """'vLLM 35431, 39064, PyTorch 1' -> [(project, number, url)]; free text stays as is."""
+    out, project = [], None
+    for part in [p.strip() for p in text.split(",") if p.strip()]:
+        m = re.fullmatch(r"(vLLM|PyTorch|torch-xpu-ops|auto-round)?\s*(\d+)", part)
+        if m and (m.group(1) or project):
+            project = m.group(1) or project
+            out.append((project, m.group(2), ISSUE_URLS[project].format(m.group(2))))
+        else:
+            out.append((part, "", None))
+            project = None
+    return out
+
+
+def cited(doc: dict, r: dict) -> list[str]:
+    """Markdown lines: the public cases of the planted hazards, or of a baseline divergence."""
+    found = []
+    for h in r["hazards"]:
+        found += parse_cases(hz.HAZARDS[h].cases)
+    if not r["hazards"] and r["diverged"]:
+        found += parse_cases(BASELINE_CASES.get(str(doc.get("graph_provider")), "PyTorch 122192, vLLM 51928"))
+    lines = []
+    for proj, num, url in found:
+        note = CASE_NOTES.get((proj, num), "")
+        lines.append(f"- [{proj} {num}]({url})" + (f": {note}" if note else "") if url else f"- {proj}")
+    return lines or ["- none: nothing diverged" if not r["diverged"] else "- none recorded for this hazard"]
+
+
+def explain(r: dict, fd: dict | None, sentinel: int) -> list[str]:
+    """What the mechanism did in this very case, in the microscope's terms."""
+    if fd is None:
+        return []
+    ctx = (r.get("microscope") or {}).get("context", {})
+    this, prev = ctx.get("this_step", {}), ctx.get("previous_step", {})
+    pads = this.get("pad_state_indices")
+    opts = hz.options_for(r["hazards"])  # what the hazards set, before any repair
+    out = []
+    if opts.runner.pad is Pad.STALE and pads is not None:
+        out.append(f"Step {this.get('step')} had {len(this.get('slots', []))} live decode rows padded to "
+                   f"{this.get('padded_to')}. The padded rows' state indices were {pads} and their token ids "
+                   f"{this.get('pad_input_ids')}: values left in the persistent buffers by step {prev.get('step')} "
+                   f"(slots {prev.get('slots')}, query lens {prev.get('query_lens')}), not the sentinel {sentinel}. "
+                   "The captured GDN decode treated them as live rows and wrote their state into slot "
+                   f"{fd.get('slot')} "
+                   f"(the last writer of a slot wins), clobbering request {fd.get('request')}'s {fd.get('tensor')}.")
+    if opts.runner.pad is Pad.OTHER and pads is not None:
+        out.append(f"The runner padded the state indices with {pads[:1] or ['?']} while the kernel skips only "
+                   f"{sentinel}: the padded rows of step {this.get('step')} (padded to {this.get('padded_to')}) "
+                   f"were live rows for slot {fd.get('slot')}, a real slot here, and overwrote its "
+                   f"{fd.get('tensor')}.")
+    if opts.replay_island.trim_moe_to_context:
+        details = [f["detail"] for f in r.get("findings", []) if f.get("kind") == "python-state"]
+        details.sort(key=lambda d: f"size {this.get('padded_to')} " not in d)  # this step's size first
+        out.append(f"The MoE trims its rows to the forward context's `num_actual_tokens`, a Python int read while "
+                   f"the graph was captured. At step {fd.get('step')} the step had {sum(this.get('query_lens', []))} "
+                   f"tokens but the replay used the frozen count, so row {fd.get('row')} of "
+                   f"{fd.get('island')}.{fd.get('tensor')} differs."
+                   + (f" Capture-time finding: {details[0]}" if details else ""))
+    if opts.replay_island.fresh_core_out:
+        out.append("The eager splitting op (`gdn_core`) returned a freshly allocated `core_out` instead of writing "
+                   "the buffer graph 1 was captured with; the replayed graph 1 read the captured address, which "
+                   f"holds stale bytes, so {fd.get('island')}.{fd.get('tensor')} row {fd.get('row')} differs.")
+    if not r["hazards"]:
+        out.append("No hazard was planted: the runner pads with the kernel's sentinel, keeps the splitting op's "
+                   "outputs in place and recaptures nothing. A divergence here is a defect of the graph stack "
+                   "(capture, replay, pool or kernels under capture) on this device: the upstream bug.")
+    return out

@@ -1,0 +1,122 @@
+"""Reading a result file, choosing the result a report is about, and the steps that result ran."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from .. import hazards as hz
+from ..errors import BadInput
+
+
+def load_result(path) -> dict:
+    """Read and check a result file from `repro run --json` or `repro hunt`; BadInput if unusable."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise BadInput(f"result file {path} does not exist") from None
+    except OSError as e:
+        raise BadInput(f"cannot read result file {path}: {e}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"result file {path} is not JSON ({e})") from None
+    check_result(doc, str(path))
+    return doc
+
+
+def check_result(doc, name: str = "the result") -> None:
+    """One line naming what is wrong, before any work: a report on a damaged file would mislead."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list) or not doc["results"]:
+        raise BadInput(f"{name} is not a `repro run --json` / `repro hunt` result: it needs a non-empty `results` list")
+    for i, r in enumerate(doc["results"]):
+        missing = [k for k in ("island", "mode", "hazards", "repairs", "diverged", "first_divergence") if
+                   not isinstance(r, dict) or k not in r]
+        if missing:
+            raise BadInput(f"{name}: results[{i}] lacks {', '.join(missing)}")
+        unknown = [h for h in r["hazards"] if h not in hz.HAZARDS] + [x for x in r["repairs"] if x not in hz.REPAIRS]
+        if unknown:
+            raise BadInput(f"{name}: results[{i}] names {unknown[0]!r}, which this suite does not know")
+        fd = r["first_divergence"]
+        if r["diverged"] and not (isinstance(fd, dict) and "step" in fd):
+            raise BadInput(f"{name}: results[{i}] diverged but has no first_divergence.step")
+    if not isinstance(doc.get("minimal_sequence", doc.get("sequence")), dict):
+        raise BadInput(f"{name} has no request sequence (`sequence` or `minimal_sequence`)")
+
+
+def pick(doc: dict, index: int | None = None) -> int:
+    """The result the report is about: `index`, else the first unexpected divergence (an upstream
+    bug), else the first divergence the standalone script can rebuild (so a default run's report
+    comes with a script), else the first divergence, else the first result."""
+    from .standalone import standalone_gap
+    rs = doc["results"]
+    if index is not None:
+        if not 0 <= index < len(rs):
+            raise BadInput(f"--case {index}: the result file has {len(rs)} results (0..{len(rs) - 1})")
+        return index
+    for want in (lambda r: r.get("expect", "clean") == "clean", lambda r: standalone_gap(r) is None,
+                 lambda r: True):
+        for i, r in enumerate(rs):
+            if r["diverged"] and want(r):
+                return i
+    return 0
+
+
+def kernel_sentinel(r: dict, sentinel: int | None) -> int:
+    """The sentinel the kernels of result `r` skipped: a hazard may force its own (the table says)."""
+    return hz.options_for(r["hazards"]).sentinel(sentinel if sentinel is not None else 0)
+
+
+def _matches(step: dict, ctx: dict) -> bool:
+    return all(step.get(a) == ctx.get(b) for a, b in (("request_ids", "requests"), ("slots", "slots"),
+                                                      ("query_lens", "query_lens")) if b in ctx)
+
+
+def steps_that_ran(doc: dict, r: dict, sentinel: int | None):
+    """(steps, sequence json, source): the steps `run_case` fed the lockstep for result `r`, up to
+    and including the first divergent step.
+
+    A hunt's `minimal_sequence` carries them. `repro run --json` writes its sequence's steps as
+    scheduled for the default slot range, while a run whose kernel sentinel is -1 used slots
+    0..N-1: the candidate whose divergent step matches the microscope's context is taken."""
+    from ..sequence import Sequence
+    seqj = doc.get("minimal_sequence") or doc["sequence"]
+    source = "hunt" if "minimal_sequence" in doc else "run"
+    seq = Sequence.from_json(seqj)
+    explicit = [dict(s) for s in seq.steps]
+    candidates = [explicit] if explicit else []
+    ks = kernel_sentinel(r, sentinel)
+    if seq.requests:
+        bare = dataclasses.replace(seq, steps=[])
+        scheduled = [b.to_json() for b in bare.batches(None if ks == 0 else range(seq.num_slots))]
+        if source == "run" and ks != 0:
+            candidates.insert(0, scheduled)  # what run_case scheduled for a -1 sentinel
+        else:
+            candidates.append(scheduled)
+    if not candidates:
+        raise BadInput("the result's sequence has neither requests nor steps")
+    fd = r.get("microscope") or r.get("first_divergence") or {}
+    ctx = (fd.get("context") or {}).get("this_step") or {}
+    chosen = candidates[0]
+    if r["diverged"] and ctx:
+        for cand in candidates:
+            st = next((s for s in cand if s.get("step") == fd["step"]), None)
+            if st is not None and _matches(st, ctx):
+                chosen = cand
+                break
+    if r["diverged"]:
+        k = next((i for i, s in enumerate(chosen) if s.get("step") == r["first_divergence"]["step"]), None)
+        if k is not None:
+            chosen = chosen[:k + 1]
+    out = {k: seqj[k] for k in ("num_slots", "max_tokens", "vocab", "seed") if k in seqj}
+    used = {rid for s in chosen for rid in s["request_ids"]}
+    out["requests"] = [q for q in seqj.get("requests", []) if q.get("rid") in used]
+    out["steps"] = chosen
+    return chosen, out, source
+
+
+def recorded_steps(doc: dict) -> int | None:
+    """How many steps the hunt's minimal sequence has (what `repro hunt` printed); None for a run."""
+    ms = doc.get("minimal_sequence")
+    return len(ms.get("steps", [])) if isinstance(ms, dict) else None
