@@ -120,16 +120,29 @@ def _noise(a: dict, b: dict | None) -> dict:
     return {} if b is None else {k: max_abs(a[k], b[k]) for k in a if not same(a[k], b[k])}
 
 
+# Before replay is called a graph hazard, the reference is re-run this many more times: a
+# nondeterministic kernel can agree with itself twice by chance (a one-row step, a perturbation
+# that rounds away), and a graph hazard is only claimed against a reference that reproduces.
+CONFIRM_RUNS = 4
+
+
 def decide(batch, div: Divergence, eager: dict, replay: dict, exact: tuple, padded: tuple | None,
-           size: int | None, logits=None) -> Divergence:
+           size: int | None, logits=None, rerun=None) -> Divergence:
     """Classify `div` (the first eager/replay difference) from the probe runs: `exact` = two exact-
     shape eager runs, `padded` = two padded-shape eager runs (None: the step ran unpadded), all
-    from the same pre-step state; `logits(hidden)`: the canary head's logits (for `tie_flip`). Returns `div` with kind, reason (and bound), or the corruption
+    from the same pre-step state; `logits(hidden)`: the canary head's logits (for `tie_flip`);
+    `rerun()`: one more run of the reference (padded, or exact when unpadded), for `CONFIRM_RUNS`. Returns `div` with kind, reason (and bound), or the corruption
     found elsewhere in the step."""
     noise = _noise(*exact)
     if padded is not None:
         for k, v in _noise(*padded).items():
             noise[k] = max(noise.get(k, 0.0), v)
+    ref = padded[0] if padded is not None else exact[0]
+    if not noise and rerun is not None and compare_outputs(batch, ref, replay) is not None:
+        for _ in range(CONFIRM_RUNS):  # a graph hazard is only claimed against a reproducible reference
+            noise = _noise(ref, rerun())
+            if noise:
+                break
     if noise:
         bad = corruption(batch, eager, replay, ("eager", "replay"), noise, logits)
         if bad is not None:
@@ -139,7 +152,6 @@ def decide(batch, div: Divergence, eager: dict, replay: dict, exact: tuple, padd
         div.kind, div.reason = NONDETERMINISM, (f"the same eager call on identical inputs differs "
                                                 f"(first in {worst}, by up to {noise[worst]:.3g})")
         return div
-    ref = padded[0] if padded is not None else exact[0]
     hz = compare_outputs(batch, ref, replay, ("padded eager", "replay"))
     if hz is not None:
         div.kind = GRAPH_HAZARD
@@ -220,7 +232,8 @@ class ChainProbe:
         exact = (self.exact(batch, pre), self.exact(batch, pre))
         size = self.padded_size(batch)
         padded = (self.padded(batch, pre, size), self.padded(batch, pre, size)) if size is not None else None
-        return decide(batch, div, eager, replay, exact, padded, size, self.logits)
+        rerun = (lambda: self.padded(batch, pre, size)) if size is not None else (lambda: self.exact(batch, pre))
+        return decide(batch, div, eager, replay, exact, padded, size, self.logits, rerun)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The canary head's fp32 logits for `hidden` rows (what its greedy token is taken from)."""
@@ -249,4 +262,4 @@ class IslandProbe:
         size = pad_size(n, self.sizes)
         exact = (self._run(batch, n), self._run(batch, n))
         padded = (self._run(batch, size), self._run(batch, size)) if size is not None else None
-        return decide(batch, div, eager, replay, exact, padded, size)
+        return decide(batch, div, eager, replay, exact, padded, size, rerun=lambda: self._run(batch, size or n))

@@ -122,3 +122,18 @@ def test_reference_kernels_leave_no_finding(setup):
     r = run_case(model, provider, Case("chain", "full"), SEQ)
     assert r.divergence is None and not r.kernel_findings and r.classification == "-"
     assert torch.equal(torch.tensor(exit_code([r])), torch.tensor(0))
+
+
+@pytest.mark.parametrize("hazard", ["shared-pool-weakref", "fresh-alloc-split-op"])
+def test_pad_rows_deterministic_same_seed_same_row(setup, hazard):
+    """Issue 16.4: graph 0's core_out is zeroed before the splitting op writes it, so rows nobody
+    writes no longer carry allocator leftovers (NaN was seen): the same seed gives the same first
+    divergence and |d|, all finite."""
+    model, provider = setup
+    rows = []
+    for _ in range(2):
+        r = run_case(model, provider, Case("chain", "piecewise", (hazard,), (), "diverged"), SEQ)
+        d = r.divergence
+        assert d is not None and d.kind == GRAPH_HAZARD and d.nonfinite is None, d and d.line()
+        rows.append(d.where())
+    assert rows[0] == rows[1]
