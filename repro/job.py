@@ -1,19 +1,19 @@
 """The main job: every island at baseline, then each hazard alone, with and without its repair,
-over one seeded request sequence, on one provider. Results follow DESIGN.md's JSON contract."""
+over one seeded request sequence, on one provider. Results follow DESIGN.md's JSON contract;
+`Case`, `CaseResult`, `verdict`, `format_table` and `exit_code` live in `results.py`."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import torch
-
-from dataclasses import replace
 
 from . import hazards as hz
 from .capture import DEFAULT_SIZES
 from .errors import BadInput
 from .islands import Model
 from .lockstep import run_lockstep
+from .results import Case, CaseResult, exit_code, format_table, verdict  # noqa: F401  (re-exported)
 from .sequence import Sequence, random_sequence
 
 # Islands the single-rank job covers, and how each maps onto a runner setting: the capture mode
@@ -23,39 +23,6 @@ ISLAND_MODES = {
     "submod1": ("piecewise", frozenset({"submod0"})),  # only submod1 graphed
     "gdn_core": ("full", frozenset()),  # the splitting op only enters a graph in full mode
 }
-
-
-@dataclass
-class Case:
-    island: str  # "chain" or an island name
-    mode: str
-    hazards: tuple[str, ...] = ()
-    repairs: tuple[str, ...] = ()
-    expect: str = "clean"  # what a healthy stack gives: "clean" or "diverged"/"finding"
-
-
-@dataclass
-class CaseResult:
-    case: Case
-    steps: int
-    diverged: bool
-    first_divergence: dict | None
-    findings: list = field(default_factory=list)
-    eager_us: float = 0.0
-    replay_us: float = 0.0
-
-    @property
-    def detected(self) -> bool:
-        return self.diverged or any(f["kind"] == "undeclared-mutation" for f in self.findings)
-
-    def to_json(self) -> dict:
-        fd = self.first_divergence
-        return {"island": self.case.island, "mode": self.case.mode, "hazards": list(self.case.hazards),
-                "repairs": list(self.case.repairs), "steps": self.steps, "diverged": self.diverged,
-                "first_divergence": None if fd is None else {k: fd[k] for k in
-                                                             ("step", "island", "tensor", "row", "request", "slot", "max_abs")},
-                "microscope": fd, "findings": self.findings, "expect": self.case.expect,
-                "eager_us": round(self.eager_us, 1), "replay_us": round(self.replay_us, 1)}
 
 
 def plan(island: str, mode: str | None, hazards, repairs, streams: bool) -> list[Case]:
@@ -87,7 +54,8 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool) -> list
 
 
 def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 0, sizes=DEFAULT_SIZES,
-             trace=None, progress=None) -> CaseResult:
+             trace=None, progress=None, strict: bool = False) -> CaseResult:
+    """One case in lockstep. `strict`: batch variance and nondeterminism fail the case as well."""
     opts = hz.options_for(case.hazards, case.repairs)
     if case.island in ISLAND_MODES:
         families = opts.runner.eager_families | ISLAND_MODES[case.island][1]
@@ -102,8 +70,8 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
         res = run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=copy_sentinel),
                            provider, batches, mode=case.mode, opts=opts,
                            sizes=sizes, trace=trace, progress=progress, max_tokens=seq.max_tokens)
-    return CaseResult(case, res.steps, res.diverged, res.divergence.to_json() if res.divergence else None,
-                      [f.to_json() for f in res.findings], res.eager_us, res.replay_us)
+    return CaseResult(case, res.steps, res.divergence, [f.to_json() for f in res.findings], res.eager_us,
+                      res.replay_us, res.kernel_findings, strict)
 
 
 def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512) -> Sequence:
@@ -130,30 +98,6 @@ def progress_bar(label: str):
             sys.stderr.write("\r" + " " * 80 + "\r")
         sys.stderr.flush()
     return show
-
-
-def verdict(r: CaseResult) -> str:
-    if r.case.expect == "clean":
-        return "ok" if not r.detected else "DIVERGED"
-    if r.case.expect == "finding":
-        return "detected" if r.detected else "MISSED"
-    return "detected" if r.diverged else "MISSED"
-
-
-def format_table(results: list[CaseResult]) -> str:
-    rows = [("island", "mode", "hazard", "repair", "steps", "result", "first divergence / finding", "replay/eager")]
-    for r in results:
-        fd = r.first_divergence
-        where = (f"step {fd['step']} {fd['island']}.{fd['tensor']} row {fd['row']} slot {fd['slot']} "
-                 f"|d|={fd['max_abs']:.3g}") if fd else (r.findings[0]["kind"] + ": " + r.findings[0]["detail"][:40]
-                                                          if r.findings else "")
-        ratio = f"{r.replay_us / r.eager_us:.2f}" if r.eager_us else "-"
-        rows.append((r.case.island, r.case.mode, ",".join(r.case.hazards) or "-", ",".join(r.case.repairs) or "-",
-                     str(r.steps), verdict(r), where, ratio))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def device_name(provider) -> str:

@@ -273,6 +273,7 @@ class GraphRunner:
     def _step_piecewise(self, cap: _Captured, batch: StepBatch):
         c, n, size = self.copy, batch.num_tokens, cap.size
         o0 = self._run_piece(cap.pieces[0], lambda: c.submod0(input_ids=self.input_ids[:size]))
+        self.clear_core_out(o0, size)
         held = o0
         if cap.owned0 is not None:
             for k, v in cap.owned0.items():
@@ -298,6 +299,16 @@ class GraphRunner:
         if cap.owned0 is not None:
             fresh = ins["core_out"][:n]  # the holder's copy, out of the pool
         return held, fresh, o1
+
+    @staticmethod
+    def clear_core_out(o0: dict, size: int) -> None:
+        """Issue 16.4, pad rows deterministic. vLLM allocates the GDN output buffer with
+        `torch.zeros`; Submod0 allocates it with `torch.empty`, so the rows the splitting op does
+        not write (the pad rows graph 1 reads, or every row when it returns a fresh tensor) held
+        whatever the pool or allocator left there, NaN included, and a fault that mixes rows was
+        caught on some runs only. Zeroed after graph 0, before the splitting op writes its rows,
+        a run is a pure function of its seed. (Additive hook owned by the oracle branch.)"""
+        o0["core_out"][:size].zero_()
 
     def replayer(self, batch: StepBatch):
         """A callable that replays this batch's captured size as a step would, without refilling

@@ -1,0 +1,184 @@
+"""NaN-aware comparison of two copies' tensors, and the `Divergence` record it produces.
+
+Two tensors are *the same* when every element is bit-for-bit equal, where an element that is
+NaN in both copies counts as equal (as does the same infinity in both: `inf == inf` already).
+A NaN or inf in one copy only is never folded into a number: |d| is taken over the elements that
+are finite in both copies, and the one-sided non-finite values are reported as such
+(`Divergence.nonfinite` names the copy that holds them).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+# Classes of a difference between eager and replay (`oracle.py` decides which).
+GRAPH_HAZARD = "graph hazard"  # replay differs from an eager run of the same padded shape: a failure
+CORRUPTION = "corruption"  # beyond the calibrated bound, one-sided non-finite, or a changed canary: a failure
+BATCH_VARIANCE = "batch variance"  # exact-shape eager vs padded-shape eager, within the bound: a finding
+NONDETERMINISM = "nondeterminism"  # the same eager call on identical inputs differs: a finding
+FAILURES = (GRAPH_HAZARD, CORRUPTION)
+KERNEL_FINDINGS = (BATCH_VARIANCE, NONDETERMINISM)
+
+
+def digest(t) -> str:
+    if isinstance(t, torch.Tensor):
+        t = t.detach().contiguous().cpu()
+        b = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        return hashlib.sha1(b + str(t.dtype).encode() + str(tuple(t.shape)).encode()).hexdigest()[:12]
+    return hashlib.sha1(json.dumps(t, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass
+class Divergence:
+    step: int
+    island: str
+    tensor: str
+    row: int | None
+    request: int | None
+    slot: int | None
+    max_abs: float  # over elements finite in both copies (0.0 if the only difference is non-finite)
+    context: dict = field(default_factory=dict)
+    kind: str | None = None  # one of the classes above; None until `oracle.classify` has run
+    nonfinite: str | None = None  # "eager" / "replay" / "both": which copy holds one-sided NaN or inf
+    reason: str = ""  # why this class (the evidence the oracle used)
+    bound: float | None = None  # the calibrated bound the difference was held against
+
+    @property
+    def failure(self) -> bool:
+        """A graph hazard or corruption (or not yet classified): fails a clean case."""
+        return self.kind not in KERNEL_FINDINGS
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "island": self.island, "tensor": self.tensor, "row": self.row,
+                "request": self.request, "slot": self.slot, "max_abs": self.max_abs, "kind": self.kind,
+                "nonfinite": self.nonfinite, "reason": self.reason, "bound": self.bound, "context": self.context}
+
+    def where(self) -> str:
+        """The table's cell: step, tensor, row, slot, then |d| or the non-finite copy."""
+        what = (f"non-finite in {self.nonfinite} only" if self.nonfinite in ("eager", "replay")
+                else "non-finite values differ" if self.nonfinite else f"|d|={self.max_abs:.3g}")
+        return f"step {self.step} {self.island}.{self.tensor} row {self.row} slot {self.slot} {what}"
+
+    def line(self) -> str:
+        where = f"row {self.row}" if self.row is not None else ""
+        who = f" (request {self.request}, slot {self.slot})" if self.request is not None or self.slot is not None else ""
+        what = (f"non-finite in {self.nonfinite} only" if self.nonfinite in ("eager", "replay")
+                else "non-finite values differ" if self.nonfinite else f"max|diff| {self.max_abs:.3g}")
+        kind = f" [{self.kind}]" if self.kind else ""
+        return f"step {self.step}: {self.island}.{self.tensor} {where}{who} {what}{kind}"
+
+
+def same_mask(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise: equal, or NaN in both copies."""
+    eq = a == b
+    if a.is_floating_point() or b.is_floating_point():
+        eq = eq | (torch.isnan(a) & torch.isnan(b))
+    return eq
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equal up to NaN in the same places in both copies (shapes and dtypes must match)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if torch.equal(a, b):
+        return True
+    return bool(same_mask(a, b).all())
+
+
+def nonfinite_side(a: torch.Tensor, b: torch.Tensor, names=("eager", "replay")) -> str | None:
+    """Which copy holds a non-finite value the other does not have in the same place: the first
+    name, the second, "both" (each has some, or NaN facing inf), or None."""
+    if not (a.is_floating_point() and b.is_floating_point()):
+        return None
+    fa, fb = torch.isfinite(a), torch.isfinite(b)
+    only_a = bool((~fa & fb).any())
+    only_b = bool((fa & ~fb).any())
+    both_differ = bool((~fa & ~fb & ~same_mask(a, b)).any())
+    if both_differ or (only_a and only_b):
+        return "both"
+    return names[0] if only_a else names[1] if only_b else None
+
+
+def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| over the elements finite in both copies (integers: exact difference)."""
+    if a.numel() == 0:
+        return 0.0
+    if a.dtype == torch.bool or not (a.is_floating_point() or b.is_floating_point()):
+        return float((a.long() - b.long()).abs().max())
+    both = torch.isfinite(a) & torch.isfinite(b)
+    d = (a.float() - b.float()).abs()
+    d = torch.where(both, d, torch.zeros_like(d))
+    return float(d.max())
+
+
+def magnitude(a: torch.Tensor) -> float:
+    """max |a| over its finite elements (0.0 if none)."""
+    if a.numel() == 0 or not a.is_floating_point():
+        return 0.0
+    f = a.float().abs()
+    f = torch.where(torch.isfinite(f), f, torch.zeros_like(f))
+    return float(f.max())
+
+
+def first_row(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The first index along dim 0 where the copies differ (NaN in both counts as equal)."""
+    s = same_mask(a, b)
+    bad = ~s.reshape(s.shape[0], -1).all(-1) if s.dim() else ~s.reshape(1)
+    return int(bad.int().argmax())
+
+
+def row_owner(batch, row: int):
+    """(request, slot) owning token row `row` of a step."""
+    acc = 0
+    for rid, slot, q in zip(batch.request_ids, batch.slots, batch.query_lens):
+        if row < acc + q:
+            return rid, slot
+        acc += q
+    return None, None
+
+
+ISLAND_ORDER = ("submod0", "gdn_core", "submod1", "head", "moe")
+
+
+def ordered(out: dict) -> list[str]:
+    """Output keys in data-flow order, so the first difference found is the earliest."""
+    return sorted(out, key=lambda k: ISLAND_ORDER.index(k.split(".")[0]))
+
+
+def compare_outputs(batch, a: dict, b: dict, names=("eager", "replay")) -> Divergence | None:
+    """The first output (data-flow order) that differs between two copies' live rows."""
+    for key in ordered(a):
+        x, y = a[key], b[key]
+        if not same(x, y):
+            row = first_row(x, y) if x.shape == y.shape else None
+            rid, slot = row_owner(batch, row) if row is not None else (None, None)
+            isl, name = key.split(".", 1)
+            return Divergence(batch.step, isl, name, row, rid, slot,
+                              max_abs(x, y) if x.shape == y.shape else float("nan"),
+                              nonfinite=nonfinite_side(x, y, names) if x.shape == y.shape else None)
+    return None
+
+
+def compare_slots(batch, a: dict, b: dict, slots, island: str = "gdn_core",
+                  names=("eager", "replay")) -> Divergence | None:
+    """The first state tensor and slot (of `slots`) that differs between two copies' caches."""
+    for name, ta in a.items():
+        tb = b[name]
+        for slot in slots:
+            if not same(ta[slot], tb[slot]):
+                rid = next((r for r, s in zip(batch.request_ids, batch.slots) if s == slot), None)
+                return Divergence(batch.step, island, name, None, rid, slot, max_abs(ta[slot], tb[slot]),
+                                  nonfinite=nonfinite_side(ta[slot], tb[slot], names))
+    return None
+
+
+def compare_step(batch, eager_out: dict, replay_out: dict, eager, replay) -> Divergence | None:
+    """Every island output (live rows), then the state rows of touched and live slots."""
+    div = compare_outputs(batch, eager_out, replay_out)
+    if div is not None:
+        return div
+    slots = sorted(set(batch.slots) | set(batch.live_slots))
+    return compare_slots(batch, eager.cache.tensors(), replay.cache.tensors(), slots)

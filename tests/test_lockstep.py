@@ -1,0 +1,66 @@
+"""The lockstep's comparison on hand-made tensors: NaN in both copies is equal, a one-sided
+non-finite value diverges and says which copy holds it, the first row and its owner are named."""
+from types import SimpleNamespace
+
+import torch
+
+from repro.batch import StepBatch
+from repro.compare import compare_step, max_abs, nonfinite_side, same
+
+NAN, INF = float("nan"), float("inf")
+# three requests: a decode in slot 3, a 2-token prefill in slot 5, a decode in slot 1
+BATCH = StepBatch([7, 8, 9], [3, 5, 1], [1, 2, 1], [True, False, True], [11, 12, 13, 14], step=4, live_slots=[1, 3, 5])
+
+
+def copy(ssm=None):
+    cache = torch.zeros(6, 2) if ssm is None else ssm
+    return SimpleNamespace(cache=SimpleNamespace(tensors=lambda: {"ssm_state": cache}))
+
+
+def out(x):
+    return {"submod0.qkv": x, "head.token_ids": torch.tensor([1, 2, 3, 4])}
+
+
+def test_identical_nan_and_inf_are_equal():
+    a = torch.tensor([[1.0, NAN], [INF, -INF], [0.0, 2.0], [3.0, 4.0]])
+    assert same(a, a.clone())
+    assert compare_step(BATCH, out(a), out(a.clone()), copy(), copy()) is None
+
+
+def test_one_sided_nan_is_a_nonfinite_divergence_not_infinite_difference():
+    a = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
+    b = a.clone()
+    b[2, 1] = NAN
+    b[3, 0] = 7.5
+    d = compare_step(BATCH, out(a), out(b), copy(), copy())
+    assert d is not None and d.nonfinite == "replay"
+    assert d.row == 2 and (d.request, d.slot) == (8, 5)  # token row 2 is the prefill's second token
+    assert d.max_abs == 0.5  # over values finite in both copies
+    assert "non-finite in replay only" in d.line() and "inf" not in d.line()
+    assert nonfinite_side(b, a) == "eager"
+    c = a.clone()
+    c[0, 0] = INF
+    assert nonfinite_side(c, b) == "both"
+
+
+def test_first_row_owner_and_dtype_mismatch():
+    a = torch.arange(8.0).reshape(4, 2)
+    b = a.clone()
+    b[3, 1] += 1
+    d = compare_step(BATCH, out(a), out(b), copy(), copy())
+    assert (d.island, d.tensor, d.row, d.request, d.slot, d.max_abs) == ("submod0", "qkv", 3, 9, 1, 1.0)
+    assert d.nonfinite is None and "max|diff| 1" in d.line()
+    assert not same(a, a.to(torch.float64))
+
+
+def test_state_slot_divergence_names_slot_and_request():
+    a, b = torch.zeros(6, 2), torch.zeros(6, 2)
+    b[5, 0] = NAN
+    d = compare_step(BATCH, out(torch.zeros(4, 2)), out(torch.zeros(4, 2)), copy(a), copy(b))
+    assert (d.tensor, d.slot, d.request, d.row, d.nonfinite) == ("ssm_state", 5, 8, None, "replay")
+    a[5, 0] = NAN  # the same NaN in both copies: equal
+    assert compare_step(BATCH, out(torch.zeros(4, 2)), out(torch.zeros(4, 2)), copy(a), copy(b)) is None
+
+
+def test_integer_difference_is_exact():
+    assert max_abs(torch.tensor([1, 5]), torch.tensor([1, 2])) == 3.0
