@@ -224,7 +224,12 @@ def _hunt(a) -> int:
                     island="chain" if a.island in ("all", "chain") else a.island, layer=a.layer, mode=a.mode,
                     hazards=tuple(a.hazard), repairs=tuple(a.repair), sentinel=a.sentinel,
                     max_examples=a.max_examples, profile=a.profile, save=a.save, json=a.json)
-    rc, doc = hunt_cli(o)
+    from .hunt import FlakyHunt
+    try:
+        rc, doc = hunt_cli(o)
+    except FlakyHunt as e:
+        print(f"repro: {e}", file=sys.stderr)
+        return 1
     if report and doc is not None:
         out = _write_report(doc, report, command=_command(a.argv), layer=a.layer, sentinel=a.sentinel)
         print(f"report: {out}/REPORT.md")
@@ -369,7 +374,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    a = parser().parse_args(argv)
+    try:
+        a = parser().parse_args(argv)
+    except SystemExit as e:  # usage errors (one line, see _Parser) and --help: a return code in-process
+        return e.code if isinstance(e.code, int) else 2
     a.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         return {"env": _env, "make-tiny": _make_tiny, "inspect": _inspect, "run": _run, "hunt": _hunt,

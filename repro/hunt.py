@@ -64,8 +64,19 @@ def space_for(sizes) -> dict:
     return {"max_requests": top + 2, "num_slots": top, "max_tokens": top, "max_prompt": 8}
 
 
-class FlakyHunt(BadInput):
-    """Hypothesis saw a failure that did not repeat on the same sequence."""
+class FlakyHunt(Exception):
+    """Hypothesis saw a failure that did not repeat on the same sequence: nondeterminism, which
+    the command line reports in one line with exit 1 (something is wrong, not the input)."""
+
+
+def example_count(max_examples: int | None, profile: str | None) -> int:
+    """An explicit --max-examples wins; else the profile's own count (soak: 5000); else 60."""
+    if max_examples is not None:
+        return max_examples
+    if profile is not None:
+        register_profiles()
+        return settings.get_profile(profile).max_examples
+    return DEFAULT_MAX_EXAMPLES
 
 
 def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab: int = 512, num_slots: int = 4,
@@ -80,7 +91,7 @@ def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab
         base = settings.get_profile(profile)
     else:
         base = settings(database=database())
-    n = max_examples if max_examples is not None else (base.max_examples if profile else DEFAULT_MAX_EXAMPLES)
+    n = example_count(max_examples, profile)
 
     @settings(base, max_examples=n, deadline=None, suppress_health_check=list(HealthCheck),
               phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
