@@ -79,14 +79,18 @@ def _inspect(a) -> int:
 def _write_report(doc: dict, out: Path, *, command=None, **kw) -> Path:
     """The report module writes a fresh directory; it is built in a scratch folder inside `out`
     and moved in entry by entry, so what the user keeps in `out` is never replaced."""
+    import shutil
+
     from .report import write_report
+    created = not out.exists()
     stage = staging_dir(out)
     try:
         built = write_report(doc, stage / "report", command=command, **kw)
         install_dir(built, out)
     finally:
-        import shutil
         shutil.rmtree(stage, ignore_errors=True)
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # a failed first report leaves no empty folder behind
     return out
 
 
