@@ -17,7 +17,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    from repro.hunt import settings  # registers the ci / dev / soak profiles
+    from repro.hunt import register_profiles, settings
+    register_profiles()  # ci / dev / soak (not registered at import)
     settings.load_profile(config.getoption("--hypothesis-profile-name"))
 
 

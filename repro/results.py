@@ -86,9 +86,10 @@ def verdict(r: CaseResult) -> str:
 
 def exit_code(results: list[CaseResult], hazards_requested: bool = False) -> int:
     """The run's exit code: 1 when a case that should be clean is not (a graph hazard, corruption,
-    an undeclared mutation, or in strict mode a kernel finding), or when hazards were planted on
-    request and detected; else 0 (batch variance and nondeterminism alone give 0)."""
-    if any(r.detected for r in results if r.case.expect == "clean"):
+    an undeclared mutation, or in strict mode a kernel finding), when a planted hazard was missed,
+    or when hazards were planted on request and detected; else 0 (batch variance and
+    nondeterminism alone give 0)."""
+    if any(verdict(r) in ("DIVERGED", "MISSED") for r in results):
         return 1
     if hazards_requested and any(r.detected for r in results):
         return 1

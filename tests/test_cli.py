@@ -13,7 +13,8 @@ def test_run_baseline_exits_0_and_writes_the_json_contract(tiny_path, tmp_path, 
                "--json", str(out)])
     assert rc == 0
     d = json.loads(out.read_text())
-    assert {"device", "graph_provider", "torch", "checkpoint", "results"} <= set(d)
+    assert {"device", "graph_provider", "torch", "checkpoint", "results", "command"} <= set(d)
+    assert d["command"].startswith("repro run ") and "--steps 24" in d["command"]
     r = d["results"][0]
     assert {"island", "hazards", "repairs", "steps", "diverged", "first_divergence", "eager_us", "replay_us"} <= set(r)
     assert r["diverged"] is False and r["steps"] > 0
