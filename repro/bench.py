@@ -530,7 +530,8 @@ def checkpoint_for(preset: str, device) -> Path:
     """The synthetic checkpoint of a preset: the embedded tiny one, or `real-layer` generated once
     (on `device`, into the cache directory)."""
     from .config import PRESETS
-    from .tiny import cache_dir, default_checkpoint, make_tiny
+    from .io import cache_dir
+    from .tiny import default_checkpoint, make_tiny
     if preset == "tiny":
         return default_checkpoint()
     if preset not in PRESETS or preset == "qwen3.6-35b-a3b":

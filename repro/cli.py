@@ -200,7 +200,8 @@ def _forced_comm(a) -> int:
     batches = Sequence.load(a.sequence).batches() if a.sequence else None
     res = comm.run_forced_comm(a.model, tp=a.tp, device=a.device, hazards=list(a.hazard), repairs=list(a.repair),
                                steps=a.steps, seed=a.seed, layer=a.layer or 0, timeout=600.0, batches=batches,
-                               kill_rank=parse_kill(os.environ.get(KILL_ENV)))
+                               kill_rank=parse_kill(os.environ.get(KILL_ENV)),
+                               backend=os.environ.get("REPRO_COMM_BACKEND") or None)
     print(comm.format_table(res))
     for r in res["results"]:
         if r["verdict"] in ("DIVERGED", "MISSED") or (a.hazard and r["diverged"]):
@@ -254,14 +255,9 @@ def knobs_help() -> str:
     lines = ["hazards (--hazard, repeatable):"]
     lines += [f"  {h.name:24} {h.mechanism}" for h in hz.HAZARDS.values()]
     lines.append("repairs (--repair, repeatable):")
-    reps = hz.REPAIRS.values() if isinstance(hz.REPAIRS, dict) else hz.REPAIRS
-    for r in reps:
-        name = getattr(r, "name", r)
-        cleared = [h.name for h in hz.HAZARDS.values() if name in h.repairs]
-        what = getattr(r, "what", None) or ("clears " + ", ".join(cleared) if cleared else "an island setting")
-        lines.append(f"  {name:24} {what}")
-    lines.append(f"exit codes: 0 baseline clean and every planted hazard detected; 1 a divergence, a finding "
-                 f"on a clean case, a MISSED hazard, or (with --hazard) the hazard detected; 2 bad input.")
+    lines += [f"  {r.name:24} {r.what}" for r in hz.REPAIRS.values()]
+    lines.append("exit codes: 0 baseline clean and every planted hazard detected; 1 a divergence, a finding "
+                 "on a clean case, a MISSED hazard, or (with --hazard) the hazard detected; 2 bad input.")
     return "\n".join(lines)
 
 

@@ -101,10 +101,11 @@ def _device_kind(device: str) -> str:
     return resolve_device(device).split(":")[0]
 
 
-def _backend(kind: str) -> str:
+def _backend(kind: str, forced: str | None = None) -> str:
+    """The process-group backend for a device kind (`forced`: the caller's choice, e.g. the CLI's
+    $REPRO_COMM_BACKEND)."""
     import torch.distributed as dist
 
-    forced = os.environ.get("REPRO_COMM_BACKEND")
     if forced:
         return forced
     if kind == "cpu":
@@ -138,7 +139,7 @@ def _check_devices(kind: str, tp: int) -> None:
 def run_forced_comm(checkpoint=None, tp: int = 2, device: str = "cpu", hazards=(), repairs=(), steps: int = 40,
                     seed: int = 0, timeout: float = 300.0, layer: int = 0, comm_dtype: str = "auto",
                     cases=None, sizes=None, kill_rank=None, collective_timeout: float | None = None,
-                    batches=None) -> dict:
+                    batches=None, backend: str | None = None) -> dict:
     """Run the forced_comm cases on `tp` ranks; returns the result object (DESIGN.md's JSON contract
     plus `failure` and `pids`). `cases`: an explicit list of `CommCase` (or (hazards, repairs)
     pairs) run in one launch; default: `plan(hazards, repairs)`. `batches`: a list of
@@ -170,7 +171,7 @@ def run_forced_comm(checkpoint=None, tp: int = 2, device: str = "cpu", hazards=(
                        f"{cfg.shared_expert_intermediate_size}")
     kind = _device_kind(device)
     _check_devices(kind, tp)
-    backend = _backend(kind)
+    backend = _backend(kind, backend)
     vocab = min(cfg.vocab_size, DEFAULT_VOCAB)
     if batches is None:
         seq = random_sequence(seed, num_requests=max(2, steps // 6), vocab=vocab)
@@ -455,8 +456,8 @@ def _rank_run(rank: int, spec: dict, progress: _Progress) -> None:
         progress.mark(phase="load")
         weights = load_slice(spec["checkpoint"], spec["layer"], rank, tp, dev, spec["vocab"])
         mine = []
-        for ci, (hz, rp) in enumerate(spec["cases"]):
-            mine.append(_run_case(rank, ci, CommCase(tuple(hz), tuple(rp)), weights, provider, group, control,
+        for ci, (hzs, rp) in enumerate(spec["cases"]):
+            mine.append(_run_case(rank, ci, CommCase(tuple(hzs), tuple(rp)), weights, provider, group, control,
                                   spec, progress))
         progress.mark(phase="gather")
         gathered = [None] * tp if rank == 0 else None
@@ -623,17 +624,6 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def _kill_from_env():
-    v = os.environ.get(KILL_ENV)
-    if not v:
-        return None
-    parts = v.split(":")
-    try:
-        return (int(parts[0]), int(parts[1]), *(parts[2:3] or ["kill"]))
-    except (ValueError, IndexError) as e:
-        raise BadInput(f"{KILL_ENV}={v!r}: expected rank:step[:hang]") from e
-
-
 def exit_code(res: dict, explicit_hazards: bool) -> int:
     """0 clean, 1 divergence or a dead/hung rank (DESIGN.md's contract, as `repro run` decides it)."""
     if res.get("failure"):
@@ -643,28 +633,3 @@ def exit_code(res: dict, explicit_hazards: bool) -> int:
     if explicit_hazards and any(r["diverged"] for r in res["results"]):
         return 1
     return 0
-
-
-def run_forced_comm_cli(a) -> int:
-    """`repro run --island forced_comm --tp N ...` (and any `--tp N > 1`). Raises BadInput (exit 2)."""
-    from .sequence import Sequence
-
-    island = getattr(a, "island", ISLAND)
-    if island not in (ISLAND, "all", None):
-        raise BadInput(f"--tp {a.tp}: only island forced_comm runs on several ranks, not {island}")
-    hazards, repairs = list(a.hazard or []), list(a.repair or [])
-    batches = None
-    if getattr(a, "sequence", None):
-        batches = Sequence.load(a.sequence).batches()
-    res = run_forced_comm(a.model, tp=a.tp, device=a.device, hazards=hazards, repairs=repairs,
-                          steps=getattr(a, "steps", None) or 40, seed=a.seed, layer=a.layer or 0,
-                          timeout=float(getattr(a, "timeout", None) or 600), batches=batches,
-                          comm_dtype=getattr(a, "comm_dtype", None) or "auto", kill_rank=_kill_from_env())
-    print(format_table(res))
-    for r in res["results"]:
-        if r["verdict"] in ("DIVERGED", "MISSED"):
-            print(f"{ISLAND} {','.join(r['hazards']) or 'baseline'}: {r['verdict']}", file=sys.stderr)
-    if getattr(a, "json", None):
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=2, default=str)
-    return exit_code(res, bool(hazards))

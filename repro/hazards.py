@@ -40,6 +40,7 @@ class Hazard:
     device_only: bool = False
     islands: tuple[str, ...] = ("chain",)
     detected_as: str = "divergence"  # or "finding"
+    finding: str = ""  # the runner finding kind that detects it (detected_as "finding")
     replay_only: bool = False  # a compiler's doing to a captured piece: the eager copy is the reference
     stream: bool = False  # a race between streams or queues
     standalone: bool = False  # the standalone report script rebuilds it
@@ -73,7 +74,8 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            "graph freezes at capture", ("recapture", "eager-family=moe"), {"island.trim_moe_to_context": True},
            standalone=True, cases="PyTorch 114844, vLLM 51928"),
     Hazard("undeclared-mutation", "the GDN decode op writes ssm_state but its schema declares no mutation",
-           ("declare",), {"island.undeclared_decode": True}, detected_as="finding", cases="torch.library.opcheck"),
+           ("declare",), {"island.undeclared_decode": True}, detected_as="finding",
+           finding="undeclared-mutation", cases="torch.library.opcheck"),
     Hazard("side-stream-no-wait", "replay on a side stream, consumer on the main stream without an event",
            ("event-wait",), {"runner.side_stream": True}, device_only=True, stream=True),
     Hazard("async-output-copy", "a non-blocking device-to-host copy of outputs is read before it lands",
@@ -121,6 +123,9 @@ REPAIRS: dict[str, Repair] = {r.name: r for r in [
     Repair("clone-input", "the registered all-reduce snapshots its input buffer when it is issued",
            {"comm.registered": True, "comm.clone_input": True}),
 ]}
+
+# Runner finding kinds that mean a planted hazard was seen (not merely noted, like an alias).
+FINDING_KINDS = frozenset(h.finding for h in HAZARDS.values() if h.finding)
 
 for _h in HAZARDS.values():  # the table is closed: every named repair exists
     assert all(r in REPAIRS for r in _h.repairs), _h.name
@@ -196,9 +201,3 @@ def check_comm(hazards, repairs) -> None:
 
 def cleared_by(hazard: str) -> tuple[str, ...]:
     return HAZARDS[hazard].repairs
-
-
-def help_lines() -> list[str]:
-    """One line per hazard and per repair, for `--help`."""
-    return ([f"  {h.name}: {h.mechanism}" for h in HAZARDS.values()]
-            + [f"  {r.name}: {r.what}" for r in REPAIRS.values()])

@@ -3,7 +3,6 @@ over one seeded request sequence, on one provider. Results follow DESIGN.md's JS
 `Case`, `CaseResult`, `verdict`, `format_table` and `exit_code` live in `results.py`."""
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 
 import torch
@@ -84,20 +83,6 @@ def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512
             seq.max_steps = steps
             return seq
         n = n * 3 // 2 + 1
-
-
-def progress_bar(label: str):
-    if not sys.stderr.isatty():
-        return None
-
-    def show(done, total):
-        w = 30
-        k = int(w * done / max(total, 1))
-        sys.stderr.write(f"\r{label[:38]:<38} [{'#' * k}{'.' * (w - k)}] {done}/{total}")
-        if done == total:
-            sys.stderr.write("\r" + " " * 80 + "\r")
-        sys.stderr.flush()
-    return show
 
 
 def device_name(provider) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .compare import BATCH_VARIANCE, NONDETERMINISM, Divergence
+from .hazards import FINDING_KINDS
 
 
 @dataclass
@@ -51,7 +52,7 @@ class CaseResult:
 
     @property
     def detected(self) -> bool:
-        return self.diverged or any(f["kind"] == "undeclared-mutation" for f in self.findings)
+        return self.diverged or any(f["kind"] in FINDING_KINDS for f in self.findings)
 
     @property
     def classification(self) -> str:

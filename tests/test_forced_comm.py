@@ -5,7 +5,6 @@ all-reduce; nccl + CUDA graphs when two NVIDIA GPUs are present) and runs lockst
 replay with bit-exact comparisons. One launch runs every case of the default plan; the tests
 below read its results.
 """
-import argparse
 import json
 import os
 import time
@@ -13,7 +12,8 @@ import time
 import pytest
 import torch
 
-from repro.comm import CommCase, exit_code, plan, run_forced_comm, run_forced_comm_cli
+from repro.cli import main
+from repro.comm import CommCase, exit_code, plan, run_forced_comm
 from repro.errors import BadInput
 from repro.islands.forced_comm import comm_mode_for, load_slice, shard_shared_expert
 from repro.tiny import default_checkpoint
@@ -102,11 +102,11 @@ def test_bad_tp_is_bad_input_before_any_rank_starts(ckpt, tp, match):
         run_forced_comm(ckpt, tp=tp, device="cpu")
 
 
-def test_cli_refuses_a_hazard_of_another_island_with_bad_input(ckpt):
-    a = argparse.Namespace(model=str(ckpt), device="cpu", tp=2, hazard=["stale-pad"], repair=[], seed=0, steps=4,
-                           json=None, layer=None, island="forced_comm")
-    with pytest.raises(BadInput):
-        run_forced_comm_cli(a)
+def test_cli_refuses_a_hazard_of_another_island_with_bad_input(ckpt, capsys):
+    rc = main(["run", "--model", str(ckpt), "--device", "cpu", "--tp", "2", "--hazard", "stale-pad", "--steps", "4",
+               "--island", "forced_comm"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "stale-pad" in err[0]
 
 
 # --------------------------------------------------------------------------- 2 ranks, every case
@@ -169,9 +169,8 @@ def test_baseline_replays_bit_exactly_on_4_ranks(ckpt):
 
 def test_cli_reports_a_planted_hazard_with_exit_1_and_json(ckpt, tmp_path, capsys):
     out = tmp_path / "r.json"
-    a = argparse.Namespace(model=str(ckpt), device="cpu", tp=2, hazard=["comm-noop-capture"], repair=[], seed=0,
-                           steps=6, json=str(out), layer=None, island="forced_comm")
-    assert run_forced_comm_cli(a) == 1
+    assert main(["run", "--model", str(ckpt), "--device", "cpu", "--tp", "2", "--hazard", "comm-noop-capture",
+                 "--steps", "6", "--json", str(out), "--island", "forced_comm"]) == 1
     printed = capsys.readouterr().out
     assert "comm-noop-capture" in printed and "detected" in printed
     d = json.loads(out.read_text())

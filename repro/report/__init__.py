@@ -35,7 +35,7 @@ from .standalone import SCRIPT, WEIGHTS, make_standalone, standalone_gap
 OUTPUTS = ("REPORT.md", "env.txt", "sequence.json", "result.json", SCRIPT, WEIGHTS)
 
 __all__ = ["OUTPUTS", "SCRIPT", "WEIGHTS", "RepairRow", "check_output", "check_result", "load_result", "pick",
-           "repair_rows", "report_cli", "report_hook", "standalone_gap", "steps_that_ran", "write_report"]
+           "repair_rows", "standalone_gap", "steps_that_ran", "write_report"]
 
 
 def check_output(path, force: bool = False, what: str = "-o") -> Path:
@@ -146,22 +146,3 @@ def write_report(doc: dict, out_dir, *, command: str | None = None, result_path:
                 pass
         raise
     return out
-
-
-def report_cli(a) -> int:
-    doc = load_result(a.result)
-    out = write_report(doc, a.output, result_path=a.result, index=a.case, layer=a.layer, sentinel=a.sentinel,
-                       verify=not a.no_verify, seed=a.seed, weights=a.weights, force=getattr(a, "force", False))
-    print(f"wrote {out}/REPORT.md, env.txt, sequence.json" + (f", {SCRIPT}" if (out / SCRIPT).exists() else "")
-          + (f", {WEIGHTS}" if (out / WEIGHTS).exists() else ""))
-    return 0
-
-
-def report_hook(doc: dict, a) -> None:
-    """`--report DIR` on run / hunt: write the report for the result just produced (`a`: the
-    command's arguments, for the command line, layer and sentinel the result does not record)."""
-    argv = getattr(a, "argv", None)
-    command = "repro " + " ".join(shlex.quote(x) for x in argv) if argv is not None else None
-    out = write_report(doc, a.report, command=command, layer=a.layer, sentinel=a.sentinel,
-                       force=getattr(a, "force", False), what="--report")
-    print(f"report: {out}/REPORT.md")

@@ -121,7 +121,7 @@ def expected_actual(f: Facts) -> list[str]:
         L.append(f"- **Actual:** step {fd['step']}: `{fd['island']}.{fd['tensor']}`"
                  + (f" row {fd['row']}" if fd.get("row") is not None else "")
                  + (f" (request {fd.get('request')}, slot {fd.get('slot')})" if fd.get("slot") is not None else "")
-                 + f" differs, max |eager - replay| = {fd['max_abs']:.4g}, after {ran}.")
+                 + f" differs, max |eager - replay| = {float(fd['max_abs']):.4g}, after {ran}.")
     else:
         L.append(f"- **Actual:** replay equals eager bit for bit over {ran}.")
     if r.get("findings"):
@@ -165,7 +165,7 @@ def first_divergence(f: Facts) -> list[str]:
     this, prev = ctx.get("this_step", {}), ctx.get("previous_step", {})
     L += [f"- where: step {fd['step']}, island `{fd['island']}`, tensor `{fd['tensor']}`"
           + (f", row {fd['row']}" if fd.get("row") is not None else "")
-          + f", request {fd.get('request')}, slot {fd.get('slot')}, max abs diff {fd['max_abs']:.4g}"]
+          + f", request {fd.get('request')}, slot {fd.get('slot')}, max abs diff {float(fd['max_abs']):.4g}"]
     if this:
         L.append(f"- this step: requests {this.get('requests')}, slots {this.get('slots')}, query lens "
                  f"{this.get('query_lens')}, has initial state {this.get('has_initial_state')}, token digest "
