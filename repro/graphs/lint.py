@@ -124,8 +124,9 @@ class Lint(TorchDispatchMode):
             for t in _tensors(value):
                 p = _sptr(t)
                 if p not in self.declared and p not in self.created:
-                    self.problems.append(("mutates-input", f"{func} writes argument {i}, which {self.island} "
-                                          f"does not own or declare as state (`{name}`)"))
+                    which = f"argument {i}" if i < len(args) else f"keyword argument `{name}`"
+                    self.problems.append(("mutates-input", f"{func} writes {which}, which {self.island} does not "
+                                          "own or declare as state"))
         if snaps:
             self._compare(func, named, written, snaps)
         for t in tree_flatten(out)[0]:
