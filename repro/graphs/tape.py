@@ -25,10 +25,13 @@ custom-op bodies included). The tape does not model streams.
 """
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass
+from itertools import groupby
 
 import torch
+from torch.autograd.profiler import record_function
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -99,6 +102,7 @@ class _Op:
     mutates: bool
     collective: bool = False
     workspace: bool = False  # returned a view of memory it keeps: re-run it, nothing to copy
+    within: str | None = None  # the custom op whose body issued it (innermost), for profiles
 
 
 class TapeGraph:
@@ -112,16 +116,27 @@ class TapeGraph:
 
     def replay(self) -> None:
         with torch.inference_mode():
-            for op in self.ops:
-                if not op.fresh and not op.mutates and not op.workspace:
-                    continue  # a view: it already aliases the right bytes
-                result = op.func(*op.args, **op.kwargs)
-                if op.collective:
-                    _wait_works(result)  # replay completes the collective before the next op reads it
-                if op.fresh:
-                    flat, _ = tree_flatten(result)
-                    for i, target in op.fresh:
-                        target.copy_(flat[i])
+            if not torch._C._autograd._profiler_enabled():
+                self._run(self.ops)
+                return
+            # Under a profiler, the ops a custom op's body issued are grouped under its name (a
+            # device profile names the kernels; here the aten ops and the op they came from).
+            for within, ops in groupby(self.ops, key=lambda op: op.within):
+                with record_function(within) if within else contextlib.nullcontext():
+                    self._run(ops)
+
+    @staticmethod
+    def _run(ops) -> None:
+        for op in ops:
+            if not op.fresh and not op.mutates and not op.workspace:
+                continue  # a view: it already aliases the right bytes
+            result = op.func(*op.args, **op.kwargs)
+            if op.collective:
+                _wait_works(result)  # replay completes the collective before the next op reads it
+            if op.fresh:
+                flat, _ = tree_flatten(result)
+                for i, target in op.fresh:
+                    target.copy_(flat[i])
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -135,6 +150,7 @@ class _Recorder(TorchDispatchMode):
         super().__init__()
         self.graph = graph
         self.key = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _BACKEND_KEYS[device.type]))
+        self.within: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -142,8 +158,12 @@ class _Recorder(TorchDispatchMode):
         if _python_body(func):
             # Run the body's kernel (below this mode's key) with the recorder active again, so the
             # ops it issues are recorded and the op itself is not.
-            with self:
-                return func.redispatch(self.key, *args, **kwargs)
+            self.within.append(str(func))
+            try:
+                with self:
+                    return func.redispatch(self.key, *args, **kwargs)
+            finally:
+                self.within.pop()
         result = func(*args, **kwargs)
         in_ptrs = {_sptr(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
         flat, spec = tree_flatten(result)
@@ -167,7 +187,8 @@ class _Recorder(TorchDispatchMode):
         if func in ALLOC_ONLY:
             fresh = []  # allocation only: replay has nothing to write
         coll = _is_collective(func)
-        self.graph.ops.append(_Op(func, args, kwargs, fresh, _mutates(func) or coll, coll, workspace))
+        self.graph.ops.append(_Op(func, args, kwargs, fresh, _mutates(func) or coll, coll, workspace,
+                                  self.within[-1] if self.within else None))
         return tree_unflatten(flat, spec)
 
 
