@@ -104,3 +104,101 @@ def test_arena_first_fit_and_merge():
     a.release(b2)
     assert a.free[0][0][0] == 0  # merged back into one span from the start
     assert a.alloc(200) == b1
+
+
+# ---- recording below custom ops, refusals, aliasing, the pool (issue 17) --------------------------
+
+def test_a_custom_op_is_recorded_as_the_aten_ops_of_its_body():
+    import kernels  # noqa: F401
+    p = TapeProvider()
+    x, w = torch.randn(3, 16, dtype=torch.bfloat16), torch.ones(16, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        g, _ = p.capture(lambda: torch.ops.repro.rms_norm(x, w, 1e-6), p.new_pool())
+    names = g.kernel_names()
+    assert names and all(n.startswith("aten.") for n in names), names
+
+
+def test_a_refusal_reads_like_a_cuda_capture_failure():
+    from repro.graphs.refusals import SYNC_PHRASE, capture_refusal
+    p = TapeProvider()
+    x = torch.ones(3)
+    with pytest.raises(RuntimeError, match=SYNC_PHRASE) as e:
+        p.capture(lambda: x.sum().item(), p.new_pool())
+    assert isinstance(e.value, CaptureError) and capture_refusal(e.value) == "sync"
+
+
+def test_host_methods_are_restored_after_a_capture_and_allowed_in_escape():
+    p = TapeProvider()
+    x = torch.arange(3.0)
+    seen = {}
+
+    def fn():
+        with p.escape():  # a queue the capture does not follow may talk to the host
+            seen["host"] = x.tolist()
+        return x + 1
+    with torch.inference_mode():
+        p.capture(fn, p.new_pool())
+    with pytest.raises(CaptureError):
+        p.capture(lambda: x.tolist(), p.new_pool())
+    assert seen["host"] == [0.0, 1.0, 2.0] and x.tolist() == [0.0, 1.0, 2.0] and x.cpu() is x
+
+
+def test_only_new_allocations_go_to_the_arena():
+    p = TapeProvider()
+    pool = p.new_pool()
+    x = torch.randn(8, 8)
+    with torch.inference_mode():
+        g, (view, new) = p.capture(lambda: (x[2:], x @ x), pool)
+    seg = pool.segments[0]
+    inside = lambda t: seg.data_ptr() <= t.data_ptr() < seg.data_ptr() + seg.numel()  # noqa: E731
+    assert view.data_ptr() == x[2:].data_ptr() and not inside(view)
+    assert inside(new) and len(g.blocks) == 1
+
+
+_lib = torch.library.Library("repro_tape_leaf", "DEF")
+_lib.define("into_ws(Tensor x) -> Tensor")
+_WS = torch.zeros(16)
+
+
+def _into_ws(x):
+    _WS[: x.numel()].copy_(x * 3)  # below the tape: a kernel writing its own workspace
+    return _WS[: x.numel()]
+
+
+_lib.impl("into_ws", _into_ws, "CompositeExplicitAutograd")
+
+
+def test_a_kernel_returning_its_workspace_is_not_copied_into_the_pool_and_reruns():
+    """An op the tape cannot see into (not a Python custom_op) returns a view of memory it keeps:
+    the storage has owners besides the result, so it is a workspace, not a new allocation."""
+    p = TapeProvider()
+    x = torch.ones(4)
+    with torch.inference_mode():
+        g, out = p.capture(lambda: torch.ops.repro_tape_leaf.into_ws(x), p.new_pool())
+        assert out.data_ptr() == _WS.data_ptr() and not g.blocks
+        x.fill_(2.0)
+        g.replay()
+    assert torch.equal(out, torch.full((4,), 6.0))
+
+
+def test_a_pool_block_is_its_own_storage_and_outlives_its_arena():
+    import gc
+    a = Arena()
+    t, block = a.empty_like_strided((4, 4), (4, 1), torch.float32)
+    assert t.untyped_storage().nbytes() == a.live[block] and t.untyped_storage().nbytes() < a.segments[0].numel()
+    t.fill_(1.5)
+    del a
+    gc.collect()
+    assert torch.equal(t, torch.full((4, 4), 1.5))
+
+
+def test_written_spans_keep_the_size_a_block_had_when_taken():
+    p = TapeProvider()
+    pool = p.new_pool()
+    x = torch.randn(16)
+    with torch.inference_mode():
+        g1, o1 = p.capture(lambda: x * 2, pool)
+        (a, b), = p.written_spans(g1)
+        p.release_all_but(g1, [])
+        g2, o2 = p.capture(lambda: torch.cat([x, x, x, x, x]), pool)  # same offset, larger block
+    assert o2.data_ptr() == o1.data_ptr() and p.written_spans(g1) == [(a, b)]

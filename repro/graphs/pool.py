@@ -4,6 +4,11 @@ A device graph pool hands out blocks during capture; after capture, blocks whose
 only weakly held go back to the pool and a *later capture* may place its tensors there, while
 the earlier graph still writes the same bytes on every replay. This arena does the same with
 byte ranges of a few large uint8 tensors, so allocator reuse is testable on a CPU.
+
+Each block is handed out as its own storage over the segment's bytes (as a device allocator's
+block is its own allocation): `t.untyped_storage()` of a pooled tensor is its block, not the whole
+segment, so whole-storage checks (`lint.py`) and a custom op's aliasing rule see one allocation.
+The block's storage keeps its segment alive, so a tensor may outlive its arena.
 """
 from __future__ import annotations
 
@@ -17,6 +22,13 @@ def _storage_nbytes(shape, stride, itemsize) -> int:
     if any(s == 0 for s in shape):
         return 0
     return (1 + sum((n - 1) * st for n, st in zip(shape, stride))) * itemsize
+
+
+def _block_bytes(segment: torch.Tensor, off: int, nbytes: int) -> torch.Tensor:
+    """uint8 [nbytes] at `segment[off:]`, with a storage of its own that holds `segment` alive."""
+    if segment.device.type != "cpu":
+        return segment[off:off + nbytes]  # no per-block storage off the CPU: a view of the segment
+    return torch.from_numpy(torch._C.TensorBase.numpy(segment)[off:off + nbytes])
 
 
 class Arena:
@@ -75,18 +87,21 @@ class Arena:
     def tensor(self, block, shape, stride, dtype, storage_offset=0) -> torch.Tensor:
         seg, off = block
         itemsize = torch.empty((), dtype=dtype).element_size()
-        seg_bytes = self.segments[seg]
-        flat = seg_bytes[: (seg_bytes.numel() // itemsize) * itemsize].view(dtype)
-        return flat.as_strided(shape, stride, off // itemsize + storage_offset)
+        nbytes = self.live.get(block) or _storage_nbytes(shape, stride, itemsize)
+        flat = _block_bytes(self.segments[seg], off, nbytes)
+        flat = flat[: (flat.numel() // itemsize) * itemsize].view(dtype)
+        return flat.as_strided(shape, stride, storage_offset)
 
     def empty_like_strided(self, shape, stride, dtype) -> tuple[torch.Tensor, tuple[int, int]]:
         itemsize = torch.empty((), dtype=dtype).element_size()
         block = self.alloc(_storage_nbytes(shape, stride, itemsize))
         return self.tensor(block, shape, stride, dtype), block
 
-    def span_of(self, block) -> tuple[int, int]:
-        """(start address, end address) of a block, live or released, for alias maps."""
+    def span_of(self, block, nbytes: int | None = None) -> tuple[int, int]:
+        """(start address, end address) of a block, for alias maps. Give `nbytes` (the size the
+        block had when taken) for a block that may have been released: its offset may since have
+        been handed out again with another size. Without it: the live size, else the largest ever."""
         seg, off = block
         base = self.segments[seg].data_ptr()
-        n = self.live.get(block) or max((m for s, o, m in self._ever if s == seg and o == off), default=0)
+        n = nbytes or self.live.get(block) or max((m for s, o, m in self._ever if s == seg and o == off), default=0)
         return base + off, base + off + n

@@ -1,42 +1,47 @@
 """CPU tape: an emulation of device graph capture and replay for machines without one.
 
-Capture runs a piece once under a `TorchDispatchMode` and records every aten / custom op
-with the very tensor objects it was called on. Tensors an op creates are moved into a pool
-arena (`pool.Arena`), so their addresses are fixed and a later capture can reuse freed bytes.
-Replay re-runs the recorded ops in order on the same objects and writes each result back into
-the recorded output tensor. So, like a device graph, a replay:
+Capture runs a piece once under a `TorchDispatchMode` and records every aten op with the very
+tensor objects it was called on. Tensors an op newly allocates are moved into a pool arena
+(`pool.Arena`), so their addresses are fixed and a later capture can reuse freed bytes. Replay
+re-runs the recorded ops in order on the same objects and writes each result back into the
+recorded output tensor. So, like a device graph, a replay:
 - reads its inputs from the addresses seen at capture (a tensor handed in fresh is not seen);
 - repeats the Python-side decisions made at capture (nothing in Python runs at replay);
 - writes its outputs into the same memory every time.
-It does not model streams. Data-dependent ops (`.item()`, `nonzero`) are refused at capture,
-as a device capture would fail or bake in a host value.
+
+Custom ops defined in Python (`torch.library.custom_op`, every `repro::` op) are recorded *below*:
+their body runs once, at capture, under the recorder, and the aten ops it issues are what the
+tape holds. The custom op itself is never re-run, exactly as a device graph holds the kernels a
+body launched and not the body: a host read inside the op, a per-shape cache, and the provider
+`kernels.registry` picked are all frozen at capture (a provider selected later does not replay).
+
+Outputs keep the aliasing a device allocator gives them: a result that is a view of an op's input,
+or of a tensor the op keeps alive itself (a workspace: its storage is held beyond the op's
+results), stays that tensor; only a genuinely new allocation is placed in the arena.
+
+Host interaction a device capture refuses is refused here with the same wording and a `kind`
+(`refusals.py`: host syncs, data-dependent shapes, copies to or from pageable host memory,
+custom-op bodies included). The tape does not model streams.
 """
 from __future__ import annotations
 
+import contextlib
+from collections import Counter
 from dataclasses import dataclass
+from itertools import groupby
 
 import torch
+from torch.autograd.profiler import record_function
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import BadInput
 from .pool import Arena
+from .refusals import SYNC_OPS, CaptureError, check, host_methods_refused
 
 aten = torch.ops.aten
 
-# Ops whose result is a host value or whose output shape depends on data: a device graph cannot
-# hold them (CUDA raises on the sync; on XPU the host value is silently frozen).
-DATA_DEPENDENT = {
-    aten._local_scalar_dense.default,
-    aten.item.default,
-    aten.nonzero.default,
-    aten.masked_select.default,
-    aten.is_nonzero.default,
-    aten.equal.default,
-    aten.unique_consecutive.default,
-    aten._unique2.default,
-    aten.repeat_interleave.Tensor,
-}
+DATA_DEPENDENT = SYNC_OPS  # kept for callers of the old name
 # Allocation-only ops: nothing to redo at replay (their bytes are written by later ops).
 ALLOC_ONLY = {
     aten.empty.memory_format,
@@ -45,10 +50,9 @@ ALLOC_ONLY = {
     aten.new_empty_strided.default,
     aten.empty_like.default,
 }
-
-
-class CaptureError(BadInput):
-    """An op a graph cannot capture."""
+# Namespaces whose ops are kernels (recorded as they are), never Python bodies to record below.
+_KERNEL_NAMESPACES = {"aten", "prim", "prims", "c10d", "_c10d_functional", "_c10d_functional_autograd"}
+_BACKEND_KEYS = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU"}
 
 
 def _sptr(t: torch.Tensor) -> int:
@@ -66,6 +70,23 @@ def _is_collective(func) -> bool:
     return getattr(func, "namespace", None) == "c10d"
 
 
+def _python_body(func) -> bool:
+    """A custom op whose kernel is Python (`torch.library.custom_op`): record what its body issues."""
+    ns = getattr(func, "namespace", None)
+    if ns is None or ns in _KERNEL_NAMESPACES:
+        return False
+    if ns == "repro":
+        return True
+    from torch._library.custom_ops import OPDEFS
+    return func._schema.name in OPDEFS
+
+
+def _held_elsewhere(t: torch.Tensor, results_on_storage: int) -> bool:
+    """The storage of an op's result has owners besides the op's results: the op returned a view
+    of a tensor it keeps (a workspace), not a new allocation. (+1: the storage object asked here.)"""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata) > results_on_storage + 1
+
+
 def _wait_works(result) -> None:
     for w in tree_flatten(result)[0]:
         if not isinstance(w, torch.Tensor) and hasattr(w, "wait"):
@@ -80,6 +101,8 @@ class _Op:
     fresh: list[tuple[int, torch.Tensor]]  # (index in flattened result, recorded output tensor)
     mutates: bool
     collective: bool = False
+    workspace: bool = False  # returned a view of memory it keeps: re-run it, nothing to copy
+    within: str | None = None  # the custom op whose body issued it (innermost), for profiles
 
 
 class TapeGraph:
@@ -89,19 +112,31 @@ class TapeGraph:
         self.arena = arena
         self.ops: list[_Op] = []
         self.blocks: list[tuple[int, int]] = []  # arena blocks this capture took
+        self.sizes: dict[tuple[int, int], int] = {}  # their sizes when taken (offsets are reused)
 
     def replay(self) -> None:
         with torch.inference_mode():
-            for op in self.ops:
-                if not op.fresh and not op.mutates:
-                    continue  # a view: it already aliases the right bytes
-                result = op.func(*op.args, **op.kwargs)
-                if op.collective:
-                    _wait_works(result)  # replay completes the collective before the next op reads it
-                if op.fresh:
-                    flat, _ = tree_flatten(result)
-                    for i, target in op.fresh:
-                        target.copy_(flat[i])
+            if not torch._C._autograd._profiler_enabled():
+                self._run(self.ops)
+                return
+            # Under a profiler, the ops a custom op's body issued are grouped under its name (a
+            # device profile names the kernels; here the aten ops and the op they came from).
+            for within, ops in groupby(self.ops, key=lambda op: op.within):
+                with record_function(within) if within else contextlib.nullcontext():
+                    self._run(ops)
+
+    @staticmethod
+    def _run(ops) -> None:
+        for op in ops:
+            if not op.fresh and not op.mutates and not op.workspace:
+                continue  # a view: it already aliases the right bytes
+            result = op.func(*op.args, **op.kwargs)
+            if op.collective:
+                _wait_works(result)  # replay completes the collective before the next op reads it
+            if op.fresh:
+                flat, _ = tree_flatten(result)
+                for i, target in op.fresh:
+                    target.copy_(flat[i])
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -111,37 +146,49 @@ class TapeGraph:
 
 
 class _Recorder(TorchDispatchMode):
-    def __init__(self, graph: TapeGraph):
+    def __init__(self, graph: TapeGraph, device: torch.device):
         super().__init__()
         self.graph = graph
+        self.key = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, _BACKEND_KEYS[device.type]))
+        self.within: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in DATA_DEPENDENT:
-            raise CaptureError(
-                f"{func} inside a captured piece: it needs a host value or a data-dependent shape, "
-                "which a device graph cannot replay (move it out of the piece or make it static)")
+        check(func, args, kwargs)
+        if _python_body(func):
+            # Run the body's kernel (below this mode's key) with the recorder active again, so the
+            # ops it issues are recorded and the op itself is not.
+            self.within.append(str(func))
+            try:
+                with self:
+                    return func.redispatch(self.key, *args, **kwargs)
+            finally:
+                self.within.pop()
         result = func(*args, **kwargs)
-        if func in ALLOC_ONLY:
-            fresh_ok = True
-        else:
-            fresh_ok = False
         in_ptrs = {_sptr(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
         flat, spec = tree_flatten(result)
+        outs = {id(t): t for t in flat if isinstance(t, torch.Tensor)}
+        per_storage = Counter(_sptr(t) for t in outs.values())
         fresh: list[tuple[int, torch.Tensor]] = []
+        workspace = False
         for i, t in enumerate(flat):
             if not isinstance(t, torch.Tensor) or _sptr(t) in in_ptrs or t.device.type != "cpu":
                 continue  # aliases an input (a view, an in-place op's self, a no-op `to`)
+            if t.numel() and _held_elsewhere(t, per_storage[_sptr(t)]):
+                workspace = True  # a view of memory the op keeps: the allocator gives no new block
+                continue
             pooled, block = self.graph.arena.empty_like_strided(tuple(t.shape), tuple(t.stride()), t.dtype)
             if t.numel():
                 pooled.copy_(t)
             self.graph.blocks.append(block)
+            self.graph.sizes[block] = self.graph.arena.live[block]
             flat[i] = pooled
             fresh.append((i, pooled))
-        if fresh_ok:
+        if func in ALLOC_ONLY:
             fresh = []  # allocation only: replay has nothing to write
         coll = _is_collective(func)
-        self.graph.ops.append(_Op(func, args, kwargs, fresh, _mutates(func) or coll, coll))
+        self.graph.ops.append(_Op(func, args, kwargs, fresh, _mutates(func) or coll, coll, workspace,
+                                  self.within[-1] if self.within else None))
         return tree_unflatten(flat, spec)
 
 
@@ -161,7 +208,7 @@ class TapeProvider:
         if stream is not None:
             raise BadInput("the CPU tape has no streams")
         graph = TapeGraph(pool)
-        with torch.inference_mode(), _Recorder(graph):
+        with torch.inference_mode(), host_methods_refused(_Recorder), _Recorder(graph, self.device):
             out = fn()
         return graph, out
 
@@ -186,7 +233,7 @@ class TapeProvider:
 
     def written_spans(self, graph: TapeGraph) -> list[tuple[int, int]]:
         """Bytes a replay of `graph` writes: every pool block its capture took."""
-        return [graph.arena.span_of(b) for b in graph.blocks]
+        return [graph.arena.span_of(b, graph.sizes.get(b)) for b in graph.blocks]
 
 
 def _blocks_under(graph: TapeGraph, tensors) -> list[tuple[int, int]]:

@@ -1,0 +1,194 @@
+"""The CPU tape and a CUDA graph agree on the same faults (issue 17 items 1-4).
+
+Every test runs once per device (`cpu`: the tape; `cuda`: `torch.cuda.CUDAGraph` through
+`repro.graphs.make_provider`) and checks one expected outcome, written down once per fault, so a
+pass on both devices means they agree: the same frozen value, the same alias, or the same refusal
+kind (`capture_refusal`: "sync" for a host sync, "host-copy" for a pageable host copy). The CUDA
+half needs `pytest --device cuda` on a machine with an NVIDIA GPU; the tape half always runs.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import registry
+from repro.graphs import CaptureError, make_provider, resolve_device
+from repro.graphs.refusals import capture_refusal
+
+NEEDS_GPU = "needs an NVIDIA GPU (pytest --device cuda)"
+ops = torch.ops.repro
+
+# Test-only custom ops (their own namespace, so no suite listing of `repro::` ops sees them).
+HOST = {"scale": 2.0}
+WORKSPACE: dict[tuple, torch.Tensor] = {}
+
+
+@torch.library.custom_op("repro_tape_test::host_scale", mutates_args=())
+def host_scale(x: torch.Tensor) -> torch.Tensor:
+    """Reads a host value in its body: a device graph freezes the value seen at capture."""
+    return x * HOST["scale"]
+
+
+@torch.library.custom_op("repro_tape_test::body_item", mutates_args=())
+def body_item(x: torch.Tensor) -> torch.Tensor:
+    """A host sync inside an op's body (the `moe` host read of issue 17)."""
+    return x * (1.0 + x.sum().item())
+
+
+@torch.library.custom_op("repro_tape_test::body_tolist", mutates_args=())
+def body_tolist(x: torch.Tensor) -> torch.Tensor:
+    """`.tolist()` inside an op's body: a copy to pageable host memory."""
+    return x * float(len([v for v in x.tolist() if v > 0]))
+
+
+@torch.library.custom_op("repro_tape_test::into_workspace", mutates_args=())
+def into_workspace(x: torch.Tensor) -> torch.Tensor:
+    """Writes 2x into a persistent per-shape workspace and returns a view of it (legal for a
+    custom op: the workspace is not an input)."""
+    key = (tuple(x.shape), x.dtype, x.device)
+    if key not in WORKSPACE:
+        WORKSPACE[key] = torch.empty(x.shape[0] + 4, *x.shape[1:], dtype=x.dtype, device=x.device)
+    ws = WORKSPACE[key]
+    torch.mul(x, 2, out=ws[: x.shape[0]])
+    return ws[: x.shape[0]]
+
+
+for _op in (host_scale, body_item, body_tolist, into_workspace):
+    _op.register_fake(lambda x: torch.empty_like(x))
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def provider(request):
+    if request.param == "cuda":
+        wanted = resolve_device(request.config.getoption("--device"))
+        if not (wanted.startswith("cuda") and torch.cuda.is_available()):
+            pytest.skip(NEEDS_GPU)
+    return make_provider(request.param)
+
+
+def _capture(provider, fn):
+    """Warm up eagerly (cuBLAS handles, per-shape caches), then capture `fn` into a fresh pool."""
+    with torch.inference_mode():
+        fn()
+        provider.synchronize()
+        return provider.capture(fn, provider.new_pool())
+
+
+def _replay(provider, g):
+    with torch.inference_mode():
+        g.replay()
+    provider.synchronize()
+
+
+def _refusal(provider, fn):
+    """The refusal kind of capturing `fn`, or None if it captured. On a device the capture runs on
+    a stream of its own, so a capture the runtime invalidated leaves no state on a shared one."""
+    stream = provider.new_stream() if provider.supports_streams else None
+    try:
+        with torch.inference_mode():
+            provider.capture(fn, provider.new_pool(), stream)
+    except RuntimeError as e:
+        if provider.device.type == "cpu":
+            assert isinstance(e, CaptureError), repr(e)
+        kind = capture_refusal(e)
+        assert kind is not None, f"not a capture failure: {e!r} (context {e.__context__!r})"
+        return kind
+    finally:
+        if provider.device.type == "cuda":
+            try:
+                torch.cuda.synchronize()
+            except RuntimeError:
+                pass
+    return None
+
+
+# ---- 1. the body of an op is frozen at capture ---------------------------------------------------
+
+def test_a_provider_selected_after_capture_does_not_replay(provider, monkeypatch):
+    dev = provider.device
+    first = registry.selected("rms_norm")
+    base = registry._providers["rms_norm"][first].fn
+    monkeypatch.setitem(registry._providers["rms_norm"], "planted",
+                        registry._Provider(lambda x, w, eps: base(x, w, eps) + 1, registry.always))
+    x = torch.randn(4, 64, device=dev, dtype=torch.bfloat16)
+    w = torch.rand(64, device=dev, dtype=torch.bfloat16) + 0.5
+    g, out = _capture(provider, lambda: ops.rms_norm(x, w, 1e-6))
+    x.copy_(torch.randn(4, 64, device=dev, dtype=torch.bfloat16))
+    with torch.inference_mode():
+        want = ops.rms_norm(x, w, 1e-6)
+        with registry.using(rms_norm="planted"):
+            planted = ops.rms_norm(x, w, 1e-6)
+            _replay(provider, g)
+    assert not torch.equal(planted, want)  # the planted provider is visible when it runs
+    assert torch.equal(out, want), "replay ran the provider selected after capture"
+
+
+def test_a_host_read_inside_an_op_is_frozen_at_capture(provider, monkeypatch):
+    monkeypatch.setitem(HOST, "scale", 2.0)
+    x = torch.ones(8, device=provider.device)
+    g, out = _capture(provider, lambda: torch.ops.repro_tape_test.host_scale(x) + 0)
+    HOST["scale"] = 3.0
+    x.fill_(5.0)
+    _replay(provider, g)
+    assert torch.equal(out, torch.full_like(x, 10.0)), out  # 5 * 2, the scale read at capture
+
+
+# ---- 2. host syncs and host copies are refused, custom-op bodies included --------------------------
+
+REFUSED = {
+    "item": (lambda x: x * x.sum().item(), "sync"),
+    "nonzero": (lambda x: x.nonzero(), "sync"),
+    "masked_select": (lambda x: x.masked_select(x > 0), "sync"),
+    "bool-index": (lambda x: x[x > 0], "sync"),
+    "unique": (lambda x: torch.unique(x), "sync"),
+    "item-in-op-body": (lambda x: torch.ops.repro_tape_test.body_item(x), "sync"),
+    "tolist": (lambda x: x * len([v for v in x.tolist() if v > 0]), "host-copy"),
+    "cpu": (lambda x: x.cpu() + 1, "host-copy"),
+    "tensor-from-list": (lambda x: x + torch.tensor([1.0, 2.0, 3.0, 4.0], device=x.device), "host-copy"),
+    "tolist-in-op-body": (lambda x: torch.ops.repro_tape_test.body_tolist(x), "host-copy"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(REFUSED))
+def test_a_host_interaction_is_refused_with_the_same_kind(provider, fault):
+    fn, kind = REFUSED[fault]
+    x = torch.tensor([1.0, -2.0, 3.0, -4.0]).to(provider.device)
+    assert _refusal(provider, lambda: fn(x)) == kind
+
+
+def test_static_host_scalars_and_masked_fill_are_not_refused(provider):
+    """What a device capture accepts: a Python scalar in an index or a fill, a masked fill."""
+    x = torch.tensor([1.0, -2.0, 3.0, -4.0]).to(provider.device)
+
+    def fn():
+        y = x * 2.0
+        y[x > 0] = 0.0  # a scalar through a mask is a masked_fill, no host sync
+        return torch.where(x > 0, y, -y)
+    assert _refusal(provider, fn) is None
+
+
+# ---- 3. outputs keep their aliases ---------------------------------------------------------------
+
+def test_a_view_of_an_input_stays_that_input(provider):
+    x = torch.zeros(4, 4, device=provider.device)
+    g, (out, _) = _capture(provider, lambda: (x.t()[1:], x + 1))  # one kernel: no empty graph
+    assert out.data_ptr() == x.t()[1:].data_ptr()
+    x.fill_(7.0)  # no replay: the output is the input's memory on both devices
+    assert torch.equal(out, torch.full((3, 4), 7.0, device=provider.device))
+
+
+def test_an_op_returning_its_workspace_keeps_the_alias(provider):
+    """The graph's output is the op's workspace: a later eager call of the same op overwrites it
+    under the graph's holder, on the tape as on a device (the first divergence of a shared
+    workspace)."""
+    x = torch.arange(6.0, device=provider.device)
+    g, out = _capture(provider, lambda: torch.ops.repro_tape_test.into_workspace(x))
+    ws = WORKSPACE[(tuple(x.shape), x.dtype, x.device)]
+    assert out.data_ptr() == ws.data_ptr()
+    x.fill_(1.0)
+    _replay(provider, g)
+    assert torch.equal(out, torch.full_like(x, 2.0))
+    with torch.inference_mode():
+        torch.ops.repro_tape_test.into_workspace(torch.full_like(x, 5.0))  # eager, same shape
+    provider.synchronize()
+    assert torch.equal(out, torch.full_like(x, 10.0))  # the graph's output changed without a replay

@@ -1,0 +1,108 @@
+"""The lint is complete (issue 16 item 5): whole storages, keyword arguments, any call, a schedule."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from repro.graphs.lint import Lint, LintSchedule, lint_call
+
+NEIGHBOUR = torch.library.Library("repro_lint_test", "DEF")
+NEIGHBOUR.define("spill(Tensor x) -> Tensor")                   # declares no write
+NEIGHBOUR.define("spill_into(Tensor(a!) out, Tensor x) -> ()")  # declares a write to `out` only
+NEIGHBOUR.define("scale_kw(Tensor x, *, Tensor(a!) acc, Tensor w) -> ()")
+NEIGHBOUR.define("clean(Tensor x, *, Tensor w) -> Tensor")
+
+
+def _spill(x):
+    """Reads its view, writes one element past it: into whatever shares the allocation."""
+    s = x.untyped_storage()
+    whole = torch.empty(0, dtype=x.dtype).set_(s, 0, (s.nbytes() // x.element_size(),), (1,))
+    whole[x.storage_offset() + x.numel()] = -1.0
+    return x * 2
+
+
+def _spill_into(out, x):
+    out.copy_(x)
+    s = out.untyped_storage()
+    whole = torch.empty(0, dtype=out.dtype).set_(s, 0, (s.nbytes() // out.element_size(),), (1,))
+    whole[out.storage_offset() + out.numel()] = -1.0  # past the declared view
+
+
+def _scale_kw(x, *, acc, w):
+    acc.add_(x)
+    w.mul_(2)  # a keyword argument its schema does not mark as written
+
+
+def _clean(x, *, w):
+    return x * w
+
+
+for _name, _fn in (("spill", _spill), ("spill_into", _spill_into), ("scale_kw", _scale_kw), ("clean", _clean)):
+    NEIGHBOUR.impl(_name, _fn, "CompositeExplicitAutograd")
+ops = torch.ops.repro_lint_test
+
+
+def _kinds(problems):
+    return [k for k, _ in problems]
+
+
+def test_a_write_through_an_arguments_storage_outside_its_view_is_reported():
+    buf = torch.zeros(16)
+    x, neighbour = buf[:8], buf[8:]  # two buffers sliced from one allocation
+    _, problems = lint_call("piece", {}, lambda: ops.spill(x))
+    assert neighbour[0] == -1.0  # the fault happened
+    assert _kinds(problems) == ["undeclared-mutation"], problems
+    assert "outside its view" in problems[0][1] and "`x`" in problems[0][1] and "bytes [34, 36)" in problems[0][1]  # -1.0
+
+
+def test_a_declared_write_that_spills_past_its_view_is_reported():
+    buf, x = torch.zeros(16), torch.ones(8)
+    _, problems = lint_call("piece", {"buf": buf}, lambda: ops.spill_into(buf[:8], x))
+    assert _kinds(problems) == ["undeclared-mutation"], problems
+    assert "`out`" in problems[0][1] and "outside its view" in problems[0][1]
+
+
+def test_a_mutated_keyword_argument_is_reported():
+    x, acc, w = torch.ones(4), torch.zeros(4), torch.ones(4)
+    _, problems = lint_call("piece", {"acc": acc}, lambda: ops.scale_kw(x, acc=acc, w=w))
+    assert problems == [("undeclared-mutation", "repro_lint_test.scale_kw.default changes `w` but its schema "
+                         "does not declare it mutated (torch.library.opcheck reports this)")]
+
+
+def test_a_written_keyword_argument_the_island_does_not_own_is_reported():
+    x, acc, w = torch.ones(4), torch.zeros(4), torch.ones(4)
+    _, problems = lint_call("piece", {}, lambda: ops.scale_kw(x, acc=acc, w=w))
+    assert ("mutates-input" in _kinds(problems)) and any("`acc`" in d for _, d in problems), problems
+
+
+def test_clean_ops_and_declared_writes_report_nothing():
+    buf = torch.zeros(16)
+    x = torch.ones(8)
+    _, problems = lint_call("piece", {"buf": buf}, lambda: (ops.clean(buf[:8], w=x), buf[8:].add_(1)))
+    assert problems == []
+    other = torch.zeros(16)[:8]  # not the island's: made outside the call, not declared
+    _, problems = lint_call("piece", {}, lambda: ops.spill_into(other, x))
+    assert _kinds(problems) == ["mutates-input", "undeclared-mutation"], problems  # owner and spill
+
+
+def test_lint_can_wrap_any_call_and_accumulates():
+    lint = Lint("piece", {})
+    buf = torch.zeros(16)
+    with lint:
+        ops.spill(buf[:4])
+    with lint:
+        ops.spill(buf[4:8])
+    assert len(lint.problems) == 2
+
+
+@pytest.mark.parametrize("every, due", [(0, [True, False, False, False, True]),
+                                        (2, [True, False, True, False, True])])
+def test_schedule_first_calls_then_every_n_steps(every, due):
+    s = LintSchedule(every)
+    calls = [(("p", 8), 1), (("p", 8), 3), (("p", 8), 4), (("p", 8), 5), (("p", 16), 5)]
+    assert [s.due(k, step) for k, step in calls] == due
+
+
+def test_schedule_rejects_a_negative_period():
+    with pytest.raises(ValueError):
+        LintSchedule(-1)
