@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from repro import tiny
 from repro.cli import main
+from repro.compare import GRAPH_HAZARD, Divergence
 from repro.results import exit_code
 from repro.job import Case, CaseResult
 
@@ -183,8 +184,9 @@ def test_a_killed_generations_temp_dir_is_cleaned_next_time(tmp_path):
 
 
 def _result(expect, diverged=False, findings=()):
-    return CaseResult(Case("chain", "full", ("stale-pad",) if expect != "clean" else (), (), expect), 5, diverged,
-                      None, list(findings))
+    div = Divergence(0, "submod0", "qkv", 0, 0, 1, 1.0, kind=GRAPH_HAZARD) if diverged else None
+    return CaseResult(Case("chain", "full", ("stale-pad",) if expect != "clean" else (), (), expect), 5, div,
+                      list(findings))
 
 
 @pytest.mark.parametrize("results, explicit, rc", [

@@ -45,11 +45,25 @@ def check_result(doc, name: str = "the result") -> None:
         raise BadInput(f"{name} has no request sequence (`sequence` or `minimal_sequence`)")
 
 
+def standalone_gap(r: dict) -> str | None:
+    """Why no standalone script can be generated for result `r` (None: it can)."""
+    if r["island"] not in hz.CHAIN_ISLANDS:
+        return f"island {r['island']} is not rebuilt by the standalone script yet (it covers the GDN layer chain)"
+    bad = [h for h in r["hazards"] if not hz.HAZARDS[h].standalone]
+    if bad:
+        have = ", ".join(h.name for h in hz.HAZARDS.values() if h.standalone)
+        return (f"hazard {', '.join(bad)}: no standalone script is generated for it yet (the script reproduces "
+                f"{have} and baseline divergences)")
+    bad = [x for x in r["repairs"] if not hz.REPAIRS[x].standalone]
+    if bad:
+        return f"repair {', '.join(bad)} is not rebuilt by the standalone script yet"
+    return None
+
+
 def pick(doc: dict, index: int | None = None) -> int:
     """The result the report is about: `index`, else the first unexpected divergence (an upstream
     bug), else the first divergence the standalone script can rebuild (so a default run's report
     comes with a script), else the first divergence, else the first result."""
-    from .standalone import standalone_gap
     rs = doc["results"]
     if index is not None:
         if not 0 <= index < len(rs):

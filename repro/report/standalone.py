@@ -15,28 +15,13 @@ from pathlib import Path
 
 from .. import hazards as hz
 from ..standalone.generate import GenerationError, render_script, script_options
-from .load import kernel_sentinel
+from .load import kernel_sentinel, standalone_gap  # noqa: F401  (standalone_gap: re-exported)
 
 # Largest embedded weights file (a real 35B-A3B layer with all experts is ~0.9 GB: too big to attach).
 EMBED_LIMIT = 64 << 20
 SCRIPT = "repro_standalone.py"
 WEIGHTS = "repro_weights.safetensors"
 VERIFY_TIMEOUT = 600
-
-
-def standalone_gap(r: dict) -> str | None:
-    """Why no standalone script can be generated for result `r` (None: it can)."""
-    if r["island"] not in hz.CHAIN_ISLANDS:
-        return f"island {r['island']} is not rebuilt by the standalone script yet (it covers the GDN layer chain)"
-    bad = [h for h in r["hazards"] if not hz.HAZARDS[h].standalone]
-    if bad:
-        have = ", ".join(h.name for h in hz.HAZARDS.values() if h.standalone)
-        return (f"hazard {', '.join(bad)}: no standalone script is generated for it yet (the script reproduces "
-                f"{have} and baseline divergences)")
-    bad = [x for x in r["repairs"] if not hz.REPAIRS[x].standalone]
-    if bad:
-        return f"repair {', '.join(bad)} is not rebuilt by the standalone script yet"
-    return None
 
 
 def default_repairs(r: dict) -> list[str]:
