@@ -29,11 +29,12 @@ Comm modes (how the replay copy places the all-reduce; the eager reference alway
   Nothing here depends on timing: the piece, the snapshot, the overwrite and the read are issued
   in that order on one stream (or run in that order on the CPU). What can hide the hazard is the
   values: step k+1 rewrites only its own rows, and rows whose token ids repeat get the same
-  values. The race amplifier (`amplify`, on by default, issue 20) therefore also holds the
-  buffer and overwrites it with NaN right after the collective is issued (the overwrite the
-  hazard is about, with a value no step computes); rows step k+1 writes then hold its values, the
-  rest the poison, so step k's result is wrong unless every row it reads repeats exactly. With
-  `clone-input` the snapshot is taken first and the result is unchanged.
+  values, so a read of the overwritten buffer can still give the right sum. The race amplifier
+  (`amplify`, on by default, issue 20) therefore holds the buffer and overwrites it with NaN
+  right after each issue (the overwrite the hazard is about, with a value no step computes; step
+  k+1's own issue poisons the rows it wrote too), so a collective that reads the buffer after its
+  issue reads NaN on every step. Every piece writes the rows it issues before issuing them, and
+  `clone-input` snapshots them first, so a correct read never sees the poison.
 
 The comm dtype: with 2 ranks a bf16 all-reduce is exact in any order (a + b == b + a). With more
 ranks bf16 addition is not associative and ring/tree algorithms order the additions by the
@@ -204,7 +205,7 @@ class RegisteredAllReduce:
     writes its down projection into the same buffer rows, as graph outputs share one pool."""
 
     MECHANISM = ("forced: the collective read the registered buffer after it was overwritten; amplified: the buffer "
-                 "held and overwritten with NaN right after each issue, then step k+1's rows written over it")
+                 "is held and overwritten with NaN right after each issue")
 
     def __init__(self, comm: Communicator, rows: int, hidden: int, device, clone_input: bool,
                  amplify: bool = True):
