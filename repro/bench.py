@@ -13,7 +13,9 @@ What is timed (decode batches: B requests, one token each, each with its own sta
 - repair rows: `GraphRunner.step` in steady state (the runner's whole step: filling the static
   buffers, replays, the canary head, the copies it returns) with one repair applied at baseline,
   against the same step with no repair; `repair_cost` is their ratio, `eager_us` the
-  `EagerRunner.step` of the same batch.
+  `EagerRunner.step` of the same batch. Repairs are timed without the race amplifier; on a
+  device with streams an `amplifier` row times the step with both stream mechanisms correctly
+  ordered, amplified against not (`repair_cost`: what the amplifier adds to a test step).
 
 Floor: the bytes of weights and state a step must read or write at least once (every weight it
 uses, read once: the projections, conv weights and gating vectors, norms, embedding rows of the
@@ -34,7 +36,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -434,8 +436,8 @@ class Bench:
             base = None
             for repair in ["none"] + applicable_repairs(mode, self.provider.supports_streams):
                 opts = options_for((), () if repair == "none" else (repair,))
-                runner = GraphRunner(self._copy(batch), self.provider, mode=mode, sizes=(batch,), opts=opts.runner,
-                                     max_tokens=batch)
+                runner = GraphRunner(self._copy(batch), self.provider, mode=mode, sizes=(batch,),
+                                     opts=replace(opts.runner, amplify=False), max_tokens=batch)
                 runner.step(step)  # captures
                 t = self.clock(lambda: runner.step(step))
                 if repair == "none":
@@ -443,7 +445,26 @@ class Bench:
                 rows.append(Row("chain", batch, eager, t, None, repair=repair, mode=mode, timing="runner-step",
                                 repair_cost=t / base if base else None))
                 self.log(f"  repair {repair:<22} {mode:<9} B={batch:<3} {t:9.1f} us")
+            if self.provider.supports_streams:
+                rows.append(self.amplifier(batch, mode, step, eager))
         return rows
+
+    def amplifier(self, batch: int, mode: str, step, eager: float) -> Row:
+        """The race amplifier's cost (`race.py`): the runner's step with both stream mechanisms on
+        and correctly ordered (side-stream replay + event-wait, async copy + sync-output-copy),
+        amplified against not; `repair_cost` is their ratio. Tests pay it, serving never does."""
+        from .hazards import options_for
+        from .runner import GraphRunner
+        opts = options_for(("side-stream-no-wait", "async-output-copy"), ("event-wait", "sync-output-copy")).runner
+        t = {}
+        for amp in (False, True):
+            runner = GraphRunner(self._copy(batch), self.provider, mode=mode, sizes=(batch,),
+                                 opts=replace(opts, amplify=amp), max_tokens=batch)
+            runner.step(step)  # captures
+            t[amp] = self.clock(lambda: runner.step(step))
+        self.log(f"  amplifier {mode:<9} B={batch:<3} {t[False]:9.1f} -> {t[True]:9.1f} us")
+        return Row("chain", batch, eager, t[True], None, repair="amplifier", mode=mode, timing="runner-step",
+                   repair_cost=t[True] / t[False] if t[False] else None)
 
 
 def applicable_repairs(mode: str, streams: bool) -> list[str]:

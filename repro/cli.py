@@ -116,6 +116,8 @@ def _run(a) -> int:
     check_output_file(a.trace, "--trace")
     report = prepare_output_dir(a.report, a.force, "--report", REPORT_NAMES) if a.report else None
     if a.tp > 1 or a.island == "forced_comm":
+        if a.no_amplify:
+            raise BadInput("--no-amplify: forced_comm runs always amplify (not wired through its ranks yet)")
         if report:
             raise BadInput("--report: forced_comm / --tp runs have no report yet (write --json and see its rows)")
         return _forced_comm(a)
@@ -149,7 +151,7 @@ def _run(a) -> int:
                 step_cb = progress.start(f"{case.island} {case.mode} {','.join(case.hazards) or 'baseline'}"
                                          + (f" +{','.join(case.repairs)}" if case.repairs else ""))
                 r = run_case(model, provider, case, seq, sentinel=a.sentinel, trace=trace, progress=step_cb,
-                             strict=a.strict)
+                             strict=a.strict, amplify=not a.no_amplify)
                 results.append(r)
                 progress.finish(verdict(r))
         finally:
@@ -322,6 +324,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--trace", help="write per-step digests here (JSON lines)")
     s.add_argument("--strict", action="store_true",
                    help="batch variance and kernel nondeterminism fail the run too (default: reported, exit 0)")
+    s.add_argument("--no-amplify", action="store_true", help="leave stream races to their natural timing "
+                   "(default: poison what an early read sees and delay the producer, so they happen every step)")
 
     s = sub.add_parser("hunt", help="Hypothesis search for a minimal diverging sequence",
                        formatter_class=raw, epilog=knobs_help())

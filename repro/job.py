@@ -53,9 +53,12 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool) -> list
 
 
 def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 0, sizes=DEFAULT_SIZES,
-             trace=None, progress=None, strict: bool = False) -> CaseResult:
-    """One case in lockstep. `strict`: batch variance and nondeterminism fail the case as well."""
+             trace=None, progress=None, strict: bool = False, amplify: bool = True) -> CaseResult:
+    """One case in lockstep. `strict`: batch variance and nondeterminism fail the case as well.
+    `amplify` False: stream races are left to their natural timing (`race.py`)."""
     opts = hz.options_for(case.hazards, case.repairs)
+    if not amplify:
+        opts = replace(opts, runner=replace(opts.runner, amplify=False))
     if case.island in ISLAND_MODES:
         families = opts.runner.eager_families | ISLAND_MODES[case.island][1]
         opts = replace(opts, runner=replace(opts.runner, eager_families=families))

@@ -61,6 +61,11 @@ class RunnerOptions:
     host_copy: HostCopy = HostCopy.DIRECT
     relaxed_capture: bool = False  # CUDA capture_error_mode="relaxed" (work on other streams is legal)
     eager_families: frozenset = frozenset()  # island families that run eagerly between graphs
+    # Race amplification (`race.py`): a side-stream replay or an async output copy poisons what an
+    # early reader would see and delays its producer by `amplify_us` of device work, so the race
+    # is forced on every step; a correct ordering reads the real values. Off: natural detection.
+    amplify: bool = True
+    amplify_us: int = 5000
 
 
 @dataclass(frozen=True)

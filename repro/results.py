@@ -106,6 +106,9 @@ def format_table(results: list[CaseResult]) -> str:
             f = min((v["first"] for v in r.kernel_findings.values()), key=lambda d: d.step)
         where = f.where() if f is not None else (r.findings[0]["kind"] + ": " + r.findings[0]["detail"][:40]
                                                  if r.findings else "")
+        race = next((x["detail"] for x in r.findings if x["kind"] == "race"), None)
+        if f is not None and race:  # the interleaving the race amplifier forced (runner.RaceLog)
+            where += " [race " + race.split(";")[0] + "]"
         ratio = f"{r.replay_us / r.eager_us:.2f}" if r.eager_us else "-"
         rows.append((r.case.island, r.case.mode, ",".join(r.case.hazards) or "-", ",".join(r.case.repairs) or "-",
                      str(r.steps), verdict(r), r.classification, where, ratio))

@@ -22,8 +22,10 @@ from .graphs.lint import Lint
 from .islands.gdn import GDNMeta, Submod0, Submod1
 from .islands.layer import LayerCopy, collect
 from .options import HostCopy, Mode, Pad, RunnerOptions
+from .race import device_delay, is_poison, poison_
 
-__all__ = ["DEFAULT_SIZES", "EagerRunner", "Finding", "GraphRunner", "PieceRunner", "pad_size"]
+__all__ = ["DEFAULT_SIZES", "EagerRunner", "Finding", "GraphRunner", "HostReadback", "PieceRunner", "RaceLog",
+           "pad_size"]
 
 
 def _ids(batch: StepBatch, device) -> torch.Tensor:
@@ -47,12 +49,109 @@ class EagerRunner:
 
 @dataclass
 class Finding:
-    kind: str  # "python-state", "undeclared-mutation", "alias", "stream"
+    kind: str  # "python-state", "undeclared-mutation", "alias", "stream", "race"
     island: str
     detail: str
 
     def to_json(self):
         return {"kind": self.kind, "island": self.island, "detail": self.detail}
+
+
+class RaceLog:
+    """What the race amplifier forced for one racing pair (`race.py`): the steps it amplified, the
+    steps whose early read held the poison (a wrong value produced by the race), and the first
+    of them. Hits are counted on the host (a host read) or on the device (`hit_device`, a flag
+    the consumer's stream computes: no synchronisation per step; read when the finding is made)."""
+
+    def __init__(self, what: str, how: str):
+        self.what, self.how = what, how  # the interleaving forced; how it was amplified
+        self.steps = 0
+        self.hits = 0
+        self.first: int | None = None
+        self._dev = None  # (hits, first) as device tensors
+
+    def hit(self, step: int, poisoned: bool) -> None:
+        self.steps += 1
+        if poisoned:
+            self.hits += 1
+            if self.first is None:
+                self.first = step
+
+    def hit_device(self, step: int, flag: torch.Tensor) -> None:
+        self.steps += 1
+        if self._dev is None:
+            self._dev = (torch.zeros((), dtype=torch.long, device=flag.device),
+                         torch.full((), -1, dtype=torch.long, device=flag.device))
+        hits, first = self._dev
+        first.masked_fill_(flag & (first < 0), step)
+        hits.add_(flag.long())
+
+    def _settle(self) -> None:
+        if self._dev is not None:
+            hits, first = (int(t.item()) for t in self._dev)
+            self._dev = None
+            self.hits += hits
+            if first >= 0 and self.first is None:
+                self.first = first
+
+    def finding(self) -> Finding | None:
+        """A "race" finding once a read held the poison (None before, or when none did)."""
+        self._settle()
+        if not self.hits:
+            return None
+        return Finding("race", "runner", f"forced: {self.what}; amplified: {self.how}; the read held the poison "
+                       f"at {self.hits} of {self.steps} amplified steps, first at step {self.first}")
+
+
+class HostReadback:
+    """The host's read of the last piece's outputs through one reused pinned buffer per output
+    and shape: a non-blocking device-to-host copy, a synchronize when `synced`, then the host
+    reads (a CPU clone is not ordered after the copy). With `amplify` each buffer is poisoned
+    before the copy and the copy's stream is delayed by `delay_us` of device work, so an
+    unsynchronised read sees the poison on every step; `log` counts the reads that did.
+
+    Before poisoning, the host waits for the previous read's copies (an earlier step's, into the
+    same buffers), so a late copy from step k-1 cannot land over step k's poison; it orders
+    nothing of step k's own race."""
+
+    def __init__(self, provider, synced: bool, amplify: bool = True, delay_us: float = 5000):
+        self.provider, self.synced, self.amplify, self.delay_us = provider, synced, amplify, delay_us
+        self.buffers: dict = {}
+        self.log = RaceLog("the host read the pinned output buffers before the device-to-host copy landed",
+                           f"pinned buffers poisoned with NaN (integers: their minimum) before each copy, the "
+                           f"copy's stream delayed {delay_us:g} us by device work queued before it")
+        self._last = None  # event recorded after the previous read's copies
+
+    def _buffer(self, k: str, v: torch.Tensor) -> torch.Tensor:
+        key = (k, tuple(v.shape), v.dtype)
+        if key not in self.buffers:
+            self.buffers[key] = torch.empty(v.shape, dtype=v.dtype, pin_memory=self.provider.device.type != "cpu")
+        return self.buffers[key]
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """The device-to-host copy (a test's provider may land it late)."""
+        dst.copy_(src, non_blocking=True)
+
+    def read(self, out: dict, step: int = -1) -> dict:
+        p = self.provider
+        host = {k: self._buffer(k, v) for k, v in out.items()}
+        if self.amplify:
+            if self._last is not None:
+                self._last.synchronize()
+            for b in host.values():
+                poison_(b)
+            device_delay(p.device, self.delay_us)
+        for k, v in out.items():
+            self.copy(host[k], v)
+        if self.amplify:
+            self._last = p.new_event()
+            self._last.record()
+        if self.synced:
+            p.synchronize()
+        snap = {k: v.clone() for k, v in host.items()}  # the host's read
+        if self.amplify:
+            self.log.hit(step, any(bool(is_poison(v).any()) for v in snap.values()))
+        return {k: v.to(out[k].device) for k, v in snap.items()}
 
 
 @dataclass
@@ -84,13 +183,19 @@ class GraphRunner:
         self.token_slot = torch.full((n,), self.sentinel, dtype=torch.int32, device=dev)
         self.pool = provider.new_pool("shared")
         self.captured: dict[int, _Captured] = {}
-        self.findings: list[Finding] = []
+        self._findings: list[Finding] = []
         self.replays = 0
         self.captures = 0
         self.stream = stream
-        self._host = None
+        self._host: HostReadback | None = None
         self._noted: set = set()
         self._side = None  # side stream of a side-stream replay
+        self._side_race = RaceLog(
+            "the main stream read graph outputs before the side-stream replay that writes them landed",
+            f"outputs poisoned with NaN on the main stream before each replay, the side stream delayed "
+            f"{opts.amplify_us:g} us by device work queued before the replay")
+        self._amplified = False  # this step replayed on a delayed side stream
+        self._step = -1  # the step being run (what the race logs report)
         self._core_linted: set = set()  # splitting-op call kinds (decode?, prefill?) linted once
         for isl in copy.islands():
             isl.escape = provider.escape
@@ -228,7 +333,13 @@ class GraphRunner:
     def _note(self, kind, island, detail):
         if (kind, detail) not in self._noted:
             self._noted.add((kind, detail))
-            self.findings.append(Finding(kind, island, detail))
+            self._findings.append(Finding(kind, island, detail))
+
+    @property
+    def findings(self) -> list[Finding]:
+        """What the runner noted, then what the race amplifier forced (read from the device here)."""
+        races = [log.finding() for log in (self._side_race, self._host.log if self._host else None) if log]
+        return self._findings + [f for f in races if f is not None]
 
     # ---- step -----------------------------------------------------------------------------
     def _ready(self, batch: StepBatch) -> _Captured | None:
@@ -258,6 +369,7 @@ class GraphRunner:
         if cap is None:
             return self._eager_step(batch)
         n = batch.num_tokens
+        self._step, self._amplified = batch.step, False
         with torch.inference_mode():
             if self.mode is Mode.FULL:
                 o = self._replay(cap.pieces[0])
@@ -268,7 +380,13 @@ class GraphRunner:
                 held, fresh, o1 = self._step_piecewise(cap, batch)
             o1 = self._consume(o1)
             ids = c.head(hidden=o1["hidden"][:n])["token_ids"]
-        return collect(held, o1, ids, n, fresh)
+            out = collect(held, o1, ids, n, fresh)
+            if self._amplified:
+                # what the step hands back holds the poison: a consumer read before a replay landed
+                # (flagged on the consumer's stream, after its reads; no synchronisation here)
+                floats = [is_poison(v).any() for v in out.values() if v.is_floating_point()]
+                self._side_race.hit_device(batch.step, torch.stack(floats).any())
+        return out
 
     def _step_piecewise(self, cap: _Captured, batch: StepBatch):
         c, n, size = self.copy, batch.num_tokens, cap.size
@@ -344,11 +462,20 @@ class GraphRunner:
         main = p.current_stream()
         if self._side is None:
             self._side = p.new_stream()
+        if self.opts.amplify:
+            # Race amplifier (`race.py`): a read of these outputs before the replay lands gives the
+            # poison, not last step's values. On the main stream, so the side stream's wait below
+            # orders the replay's writes after it; every output is rewritten by the replay (or, in
+            # piecewise, `core_out` by the main stream after it: `clear_core_out`).
+            for v in piece.outputs.values():
+                poison_(v)
+            self._amplified = True
         self._side.wait_stream(main)  # inputs were written on the main stream
         with p.stream(self._side):
-            if p.device.type == "cuda":
-                # a long kernel already queued on the side stream makes the race deterministic
-                torch.cuda._sleep(20_000_000)
+            if self.opts.amplify:
+                # device work queued ahead of the replay: the main stream's consumers, issued
+                # microseconds later, run first on every step unless an event orders them after it
+                device_delay(p.device, self.opts.amplify_us)
             out = piece.replay()
         if self.opts.event_wait:
             ev = p.new_event()
@@ -360,22 +487,13 @@ class GraphRunner:
         return out
 
     def _consume(self, out):
-        """How the host reads the last piece's outputs (stream hazards live here)."""
+        """How the host reads the last piece's outputs (stream hazards live here: `HostReadback`)."""
         if self.opts.host_copy is HostCopy.DIRECT:
             return out
         if self._host is None:
-            self._host = {}
-        host = {}
-        for k, v in out.items():
-            key = (k, tuple(v.shape))
-            if key not in self._host:  # one pinned buffer per output and size, reused
-                self._host[key] = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
-            host[k] = self._host[key]
-            host[k].copy_(v, non_blocking=True)
-        if self.opts.host_copy is HostCopy.ASYNC_SYNCED:
-            self.provider.synchronize()
-        # the host reads the pinned buffer now (a CPU clone is not ordered after the copy)
-        return {k: v.clone().to(out[k].device) for k, v in host.items()}
+            self._host = HostReadback(self.provider, self.opts.host_copy is HostCopy.ASYNC_SYNCED,
+                                      self.opts.amplify, self.opts.amplify_us)
+        return self._host.read(out, self._step)
 
     def _eager_step(self, batch: StepBatch):
         c = self.copy

@@ -116,6 +116,10 @@ def test_stream_hazards_on_a_device(setup, hazard, repair):
     seq = default_sequence(seed=1, steps=30)
     bad = run_case(model, provider, Case("chain", "piecewise", (hazard,)), seq)
     assert bad.diverged
+    # the race amplifier (on by default) forced it on the first replayed step, and says how
+    race = [f for f in bad.findings if f["kind"] == "race"]
+    assert race and "amplified:" in race[0]["detail"], bad.findings
+    assert f"first at step {bad.first_divergence['step']}" in race[0]["detail"]
     good = run_case(model, provider, Case("chain", "piecewise", (hazard,), (repair,)), seq)
     assert not good.detected, good.first_divergence
 

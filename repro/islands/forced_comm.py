@@ -26,6 +26,15 @@ Comm modes (how the replay copy places the all-reduce; the eager reference alway
   its worst case, which is also deterministic: the buffer is read when the result is waited for.
   Without `clone-input` step k+1's write into the buffer lands first and step k reduces the wrong
   rows; `clone-input` snapshots the buffer into a private tensor at issue time.
+  Nothing here depends on timing: the piece, the snapshot, the overwrite and the read are issued
+  in that order on one stream (or run in that order on the CPU). What can hide the hazard is the
+  values: step k+1 rewrites only its own rows, and rows whose token ids repeat get the same
+  values, so a read of the overwritten buffer can still give the right sum. The race amplifier
+  (`amplify`, on by default, issue 20) therefore holds the buffer and overwrites it with NaN
+  right after each issue (the overwrite the hazard is about, with a value no step computes; step
+  k+1's own issue poisons the rows it wrote too), so a collective that reads the buffer after its
+  issue reads NaN on every step. Every piece writes the rows it issues before issuing them, and
+  `clone-input` snapshots them first, so a correct read never sees the poison.
 
 The comm dtype: with 2 ranks a bf16 all-reduce is exact in any order (a + b == b + a). With more
 ranks bf16 addition is not associative and ring/tree algorithms order the additions by the
@@ -44,6 +53,7 @@ import torch.nn.functional as F
 
 from ..capture import DEFAULT_SIZES, IslandRunner
 from ..errors import BadInput
+from ..race import poison_
 from ..weights import Linear, MoEWeights
 from .base import Island, linear, ops
 
@@ -175,10 +185,11 @@ class Done:
 
 
 class PendingAllReduce:
-    """An issued registered all-reduce. Its source is read when it is waited for (the comm queue lags)."""
+    """An issued registered all-reduce. Its source is read when it is waited for (the comm queue lags).
+    `amplified`: the registered buffer was poisoned right after issue (`RegisteredAllReduce`)."""
 
-    def __init__(self, comm: Communicator, src: torch.Tensor, rows: int):
-        self.comm, self.src, self.rows = comm, src, rows
+    def __init__(self, comm: Communicator, src: torch.Tensor, rows: int, amplified: bool = False):
+        self.comm, self.src, self.rows, self.amplified = comm, src, rows, amplified
         self.out: torch.Tensor | None = None
 
     def wait(self) -> torch.Tensor:
@@ -193,16 +204,28 @@ class RegisteredAllReduce:
     `registered=True`; the XPU one behind VLLM_XPU_CUSTOM_ALLREDUCE_CLONE_INPUT). Every captured size
     writes its down projection into the same buffer rows, as graph outputs share one pool."""
 
-    def __init__(self, comm: Communicator, rows: int, hidden: int, device, clone_input: bool):
+    MECHANISM = ("forced: the collective read the registered buffer after it was overwritten; amplified: the buffer "
+                 "is held and overwritten with NaN right after each issue")
+
+    def __init__(self, comm: Communicator, rows: int, hidden: int, device, clone_input: bool,
+                 amplify: bool = True):
         self.comm = comm
         self.clone_input = clone_input
+        self.amplify = amplify
         self.buffer = torch.zeros(rows, hidden, dtype=torch.bfloat16, device=device)
+        self.issued = 0
 
     def issue(self, size: int, rows: int) -> PendingAllReduce:
         src = self.buffer[:size]
         if self.clone_input:
             src = src.clone()  # a private copy taken now, ordered before any later write to the buffer
-        return PendingAllReduce(self.comm, src, rows)
+        self.issued += 1
+        amplified = self.amplify and not self.clone_input
+        if amplified:
+            # the race amplifier: overwrite the held buffer right after the issue. Every size's piece
+            # writes the rows it issues before issuing them, so no correct read ever sees this.
+            poison_(self.buffer[:size])
+        return PendingAllReduce(self.comm, src, rows, amplified)
 
 
 def eager_all_reduce_probe(group, step: int, hidden: int, device, rows: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
@@ -238,7 +261,7 @@ class ForcedComm(Island):
     outputs = ("out",)
 
     def __init__(self, w: SliceWeights, comm: Communicator | None = None, mode: str = "in-graph",
-                 clone_input: bool = False, max_tokens: int = 64):
+                 clone_input: bool = False, max_tokens: int = 64, amplify: bool = True):
         super().__init__()
         if mode not in COMM_MODES:
             raise BadInput(f"unknown comm mode {mode!r} (choose from {', '.join(COMM_MODES)})")
@@ -248,19 +271,21 @@ class ForcedComm(Island):
         self.registered = None
         if mode == "registered":
             rows = max(max_tokens, max(DEFAULT_SIZES))
-            self.registered = RegisteredAllReduce(self.comm, rows, w.embed.shape[1], w.embed.device, clone_input)
+            self.registered = RegisteredAllReduce(self.comm, rows, w.embed.shape[1], w.embed.device, clone_input,
+                                                  amplify)
 
     @classmethod
     def build(cls, checkpoint, layer: int = 0, tp_rank: int = 0, tp_size: int = 1, device="cpu", group=None,
               mode: str = "in-graph", comm_dtype: str = "auto", clone_input: bool = False, max_tokens: int = 64,
               vocab: int | None = DEFAULT_VOCAB, weights: SliceWeights | None = None,
-              noop_capture: bool | None = None) -> "ForcedComm":
+              noop_capture: bool | None = None, amplify: bool = True) -> "ForcedComm":
         """`noop_capture` (default: mode == "noop-capture") plants the no-op communicator; with the
-        collective split out of the graph (eager-split) it is present but has nothing to skip."""
+        collective split out of the graph (eager-split) it is present but has nothing to skip.
+        `amplify`: the registered buffer is poisoned right after each issue (module docstring)."""
         w = weights or load_slice(checkpoint, layer or 0, tp_rank, tp_size, device, vocab)
         noop = mode == "noop-capture" if noop_capture is None else noop_capture
         comm = Communicator(group, resolve_comm_dtype(comm_dtype, tp_size), noop_capture=noop)
-        return cls(w, comm, mode, clone_input=clone_input, max_tokens=max_tokens)
+        return cls(w, comm, mode, clone_input=clone_input, max_tokens=max_tokens, amplify=amplify)
 
     @property
     def device(self) -> torch.device:
