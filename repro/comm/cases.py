@@ -58,20 +58,3 @@ def plan(hazards=(), repairs=()) -> list[CommCase]:
         c.mode  # noqa: B018  (refuses knobs forced_comm cannot honour)
     return cases
 
-
-def verdict(r: dict) -> str:
-    if r.get("expect") == "diverged":
-        return "detected" if r["diverged"] else "MISSED"
-    return "DIVERGED" if r["diverged"] else "ok"
-
-
-def _case_json(c: CommCase, merged: dict | None) -> dict:
-    m = merged or {}
-    r = {"island": ISLAND, "comm_mode": c.mode, "hazards": list(c.hazards), "repairs": list(c.repairs),
-         "steps": m.get("steps", 0), "diverged": bool(m.get("first_divergence")),
-         "first_divergence": m.get("first_divergence"), "ranks_diverged": m.get("ranks_diverged", []),
-         "expect": c.expect, "eager_us": m.get("eager_us", 0.0), "replay_us": m.get("replay_us", 0.0),
-         "captures": m.get("captures", 0), "replays": m.get("replays", 0),
-         "collectives_in_graphs": m.get("collectives_in_graphs")}
-    r["verdict"] = verdict(r) if merged is not None else "not run"
-    return r

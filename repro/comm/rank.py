@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -22,7 +23,9 @@ import traceback
 import torch
 
 from .. import hazards as hz
-from .cases import ISLAND, CommCase, _case_json
+from ..compare import Divergence
+from ..results import MultiRankResult, device_name, rank_divergence
+from .cases import ISLAND, CommCase
 
 class _Progress:
     """Where this rank is, in a file the parent reads when something goes wrong."""
@@ -100,12 +103,13 @@ def _rank_run(rank: int, spec: dict, progress: _Progress) -> None:
         dist.gather_object(mine, gathered, dst=0, group=control)
         if rank == 0:
             cases = [CommCase(tuple(h), tuple(r)) for h, r in spec["cases"]]
-            out = {"device": _device_name(dev), "graph_provider": provider.name,
-                   "results": [_case_json(c, _merge([g[i] for g in gathered])) for i, c in enumerate(cases)]}
-            tmp = os.path.join(spec["outdir"], "result.json.tmp")
-            with open(tmp, "w") as f:
-                json.dump(out, f)
-            os.replace(tmp, os.path.join(spec["outdir"], "result.json"))
+            out = {"device": device_name(dev), "graph_provider": provider.name,
+                   "results": [_merge(c, [g[i] for g in gathered]) for i, c in enumerate(cases)]}
+            # pickled, not JSON: the parent gets the result objects with their Divergence objects
+            tmp = os.path.join(spec["outdir"], "result.pkl.tmp")
+            with open(tmp, "wb") as f:
+                pickle.dump(out, f)
+            os.replace(tmp, os.path.join(spec["outdir"], "result.pkl"))
         progress.mark(phase="teardown")
         dist.barrier(group=control)
     finally:
@@ -115,39 +119,33 @@ def _rank_run(rank: int, spec: dict, progress: _Progress) -> None:
     progress.mark(phase="done")
 
 
-def _device_name(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    if dev.type == "xpu":
-        return torch.xpu.get_device_name(dev)
-    return "cpu"
-
-
-def _merge(per_rank: list[dict]) -> dict:
-    divs = [d["first_divergence"] for d in per_rank if d["first_divergence"]]
-    first = min(divs, key=lambda d: (d["index"], d["rank"])) if divs else None
+def _merge(case: CommCase, per_rank: list[dict]) -> MultiRankResult:
+    """One case's result over every rank: the earliest divergence (step index, then rank), the
+    most steps any rank ran, timings averaged (rounded here, so the table's ratio is the JSON's)."""
+    divs = [d["first_divergence"] for d in per_rank if d["first_divergence"] is not None]
+    first = min(divs, key=lambda d: (d.context["index"], d.rank)) if divs else None
     n = len(per_rank)
-    return {"steps": max(d["steps"] for d in per_rank), "first_divergence": first,
-            "ranks_diverged": sorted(d["rank"] for d in divs),
-            "eager_us": round(sum(d["eager_us"] for d in per_rank) / n, 1),
-            "replay_us": round(sum(d["replay_us"] for d in per_rank) / n, 1),
-            "captures": per_rank[0]["captures"], "replays": per_rank[0]["replays"],
-            "collectives_in_graphs": per_rank[0]["collectives_in_graphs"]}
+    return MultiRankResult(case, max(d["steps"] for d in per_rank), first,
+                           eager_us=round(sum(d["eager_us"] for d in per_rank) / n, 1),
+                           replay_us=round(sum(d["replay_us"] for d in per_rank) / n, 1),
+                           ranks_diverged=sorted(d.rank for d in divs), captures=per_rank[0]["captures"],
+                           replays=per_rank[0]["replays"],
+                           collectives_in_graphs=per_rank[0]["collectives_in_graphs"])
 
 
-def _diff(index: int, step: int, tensor: str, rank: int, eager: torch.Tensor, replay: torch.Tensor) -> dict | None:
+def _diff(index: int, step: int, tensor: str, rank: int, eager: torch.Tensor,
+          replay: torch.Tensor) -> Divergence | None:
     """None when bit-identical (NaN matching NaN), else where and how much they differ."""
     a, b = eager.detach().cpu(), replay.detach().cpu()
     if a.shape != b.shape:
-        return {"index": index, "step": step, "island": ISLAND, "tensor": tensor, "row": None, "rank": rank,
-                "max_abs": float("inf"), "detail": f"shape {tuple(a.shape)} vs {tuple(b.shape)}"}
+        return rank_divergence(index, step, ISLAND, tensor, None, rank, float("inf"),
+                               detail=f"shape {tuple(a.shape)} vs {tuple(b.shape)}")
     same = (a == b) | (torch.isnan(a.float()) & torch.isnan(b.float()))
     if bool(same.all()):
         return None
     rows = ~same.reshape(same.shape[0], -1).all(-1)
     d = torch.nan_to_num((a.float() - b.float()).abs(), nan=float("inf"))
-    return {"index": index, "step": step, "island": ISLAND, "tensor": tensor, "row": int(rows.int().argmax()),
-            "rank": rank, "max_abs": float(d.max())}
+    return rank_divergence(index, step, ISLAND, tensor, int(rows.int().argmax()), rank, float(d.max()))
 
 
 def _run_case(rank, ci, case: CommCase, weights, provider, group, control, spec, progress) -> dict:
@@ -208,7 +206,7 @@ def _run_case(rank, ci, case: CommCase, weights, provider, group, control, spec,
                 if probe:  # every rank, every step: it is a collective
                     progress.mark(phase="eager all-reduce after replay")
                     got, want = eager_all_reduce_probe(group, step, hidden, dev)
-                    found = found or _diff(k, step, "eager_all_reduce", rank, want, got)
+                    found = found if found is not None else _diff(k, step, "eager_all_reduce", rank, want, got)
                 if runner.captures == captured:  # steady state: steps that captured are not timed
                     t_eager += t1 - t0
                     t_replay += t2 - t1
@@ -216,7 +214,7 @@ def _run_case(rank, ci, case: CommCase, weights, provider, group, control, spec,
                 captured = runner.captures
                 done = k + 1
                 progress.mark(phase="compare")
-                flag.fill_(1 if found else 0)
+                flag.fill_(0 if found is None else 1)
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control)
                 div = found
                 if int(flag.item()):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -24,7 +25,8 @@ import time
 import torch
 
 from ..errors import BadInput, DeviceUnavailable
-from .cases import ISLAND, CommCase, _case_json, plan
+from ..results import MultiRankResult
+from .cases import ISLAND, CommCase, plan
 from .rank import _rank_main
 
 KILL_ENV = "REPRO_FORCED_COMM_KILL"
@@ -73,10 +75,21 @@ def _check_devices(kind: str, tp: int) -> None:
 # --------------------------------------------------------------------------- the parent
 
 
+class CommRun(dict):
+    """A run's result: the JSON object itself (DESIGN.md's contract plus `failure` and `pids`), a
+    plain dict to callers and to the JSON writer, and `cases`, the `MultiRankResult` objects its
+    "results" rows were written from. The shared verdict, table and exit code read `cases`, so
+    nothing is rebuilt from the rows."""
+
+    def __init__(self, meta: dict, cases: list[MultiRankResult], failure: dict | None):
+        super().__init__(meta, results=[r.to_json() for r in cases], failure=failure)
+        self.cases = cases
+
+
 def run_forced_comm(checkpoint=None, tp: int = 2, device: str = "cpu", hazards=(), repairs=(), steps: int = 40,
                     seed: int = 0, timeout: float = 300.0, layer: int = 0, comm_dtype: str = "auto",
                     cases=None, sizes=None, kill_rank=None, collective_timeout: float | None = None,
-                    batches=None, backend: str | None = None) -> dict:
+                    batches=None, backend: str | None = None) -> CommRun:
     """Run the forced_comm cases on `tp` ranks; returns the result object (DESIGN.md's JSON contract
     plus `failure` and `pids`). `cases`: an explicit list of `CommCase` (or (hazards, repairs)
     pairs) run in one launch; default: `plan(hazards, repairs)`. `batches`: a list of
@@ -243,16 +256,24 @@ def _read_json(path):
         return None
 
 
-def _collect(outdir, procs, status, cases, spec, elapsed: float, timeout: float) -> dict:
+def _read_pickle(path):
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
+
+
+def _collect(outdir, procs, status, cases, spec, elapsed: float, timeout: float) -> CommRun:
     meta = {"island": ISLAND, "tp": spec["tp"], "backend": spec["backend"], "device": spec["kind"],
             "graph_provider": "cpu-tape" if spec["kind"] == "cpu" else spec["kind"], "torch": torch.__version__,
             "checkpoint": spec["checkpoint"], "layer": spec["layer"], "comm_dtype": spec["comm_dtype"],
             "elapsed_s": round(elapsed, 2)}
-    result = _read_json(os.path.join(outdir, "result.json"))
+    result = _read_pickle(os.path.join(outdir, "result.pkl"))  # written by rank 0 (`rank.py`)
     codes = [p.exitcode for p in procs]
     if result is not None and all(c == 0 for c in codes):
         meta.update({k: result[k] for k in ("device", "graph_provider") if k in result})
-        return {**meta, "results": result["results"], "failure": None}
+        return CommRun(meta, result["results"], None)
     ranks = {}
     for r, p in enumerate(procs):
         prog = _read_json(os.path.join(outdir, f"progress.{r}.json")) or {}
@@ -275,8 +296,8 @@ def _collect(outdir, procs, status, cases, spec, elapsed: float, timeout: float)
                     "traceback": err}
     failure = _diagnose(ranks, status, spec, timeout)
     # what rank 0 had written of per-case results before the failure (none: the case list, not run)
-    results = [_case_json(c, None) for c in cases]
-    return {**meta, "results": results, "failure": failure}
+    results = [MultiRankResult(c, 0, None, ran=False) for c in cases]
+    return CommRun(meta, results, failure)
 
 
 def _diagnose(ranks: dict, status: dict, spec, timeout: float) -> dict:
