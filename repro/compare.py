@@ -45,6 +45,7 @@ class Divergence:
     nonfinite: str | None = None  # "eager" / "replay" / "both": which copy holds one-sided NaN or inf
     reason: str = ""  # why this class (the evidence the oracle used)
     bound: float | None = None  # the calibrated bound the difference was held against
+    rank: int | None = None  # a multi-rank run: the rank that saw it (`context` holds its step index)
 
     @property
     def failure(self) -> bool:

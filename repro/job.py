@@ -1,18 +1,17 @@
 """The main job: every island at baseline, then each hazard alone, with and without its repair,
 over one seeded request sequence, on one provider. Results follow DESIGN.md's JSON contract;
-`Case`, `CaseResult`, `verdict`, `format_table` and `exit_code` live in `results.py`."""
+`Case`, `CaseResult`, `verdict`, `format_table`, `exit_code` and `device_name` live in `results.py`,
+shared with the multi-rank runs of `comm/`."""
 from __future__ import annotations
 
 from dataclasses import replace
-
-import torch
 
 from . import hazards as hz
 from .capture import DEFAULT_SIZES
 from .errors import BadInput
 from .islands import Model
 from .lockstep import run_lockstep
-from .results import Case, CaseResult, exit_code, format_table, verdict  # noqa: F401  (re-exported)
+from .results import Case, CaseResult, device_name, exit_code, format_table, verdict  # noqa: F401  (re-exported)
 from .sequence import Sequence, random_sequence
 
 # Islands the single-rank job covers, and how each maps onto a runner setting: the capture mode
@@ -87,11 +86,3 @@ def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512
             return seq
         n = n * 3 // 2 + 1
 
-
-def device_name(provider) -> str:
-    d = provider.device
-    if d.type == "cuda":
-        return torch.cuda.get_device_name(d)
-    if d.type == "xpu":
-        return torch.xpu.get_device_name(d)
-    return "cpu"

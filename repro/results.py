@@ -1,12 +1,21 @@
-"""A case of the single-rank job, its result, its verdict, the table and the exit code.
+"""Cases, results, verdict, table, exit code and device name, for single-rank and multi-rank runs.
+
+One layer so that `repro run` decides "ok / detected / DIVERGED / MISSED" and the exit code the
+same way whether the case ran on one rank (`job.py`) or on N (`comm/`): a multi-rank case is a
+`MultiRankResult`, a `CaseResult` with the collective counts and the ranks that diverged.
 
 A result keeps its `Divergence` objects: the case's failure (graph hazard or corruption, or in
 strict mode the first kernel finding) and the kernel findings (batch variance, nondeterminism:
 count and first of each). `first_divergence` is the failure's JSON, as the result files carry it.
+
+A case is anything with `island`, `mode`, `hazards`, `repairs` and `expect`: `Case` here, or
+`comm.CommCase`, whose mode is the comm mode derived from its knobs.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import torch
 
 from .compare import BATCH_VARIANCE, NONDETERMINISM, Divergence
 from .hazards import FINDING_KINDS
@@ -31,6 +40,7 @@ class CaseResult:
     replay_us: float = 0.0
     kernel_findings: dict = field(default_factory=dict)  # kind -> {"count": n, "first": Divergence}
     strict: bool = False  # kernel findings fail the case too
+    ran: bool = True  # False: the run never reached this case (a rank died or hung first)
 
     @property
     def failure(self) -> Divergence | None:
@@ -76,7 +86,47 @@ class CaseResult:
                 "eager_us": round(self.eager_us, 1), "replay_us": round(self.replay_us, 1)}
 
 
+@dataclass
+class MultiRankResult(CaseResult):
+    """A case run on N ranks (forced_comm): steps and divergence merged over the ranks (the
+    earliest step, then the lowest rank), timings averaged, collective counts from rank 0."""
+
+    ranks_diverged: list = field(default_factory=list)
+    captures: int = 0
+    replays: int = 0
+    collectives_in_graphs: int | None = None  # collectives the graphs replay (None: the provider cannot tell)
+
+    def to_json(self) -> dict:
+        """The multi-rank row of the JSON contract (its own keys: comm mode, ranks, collectives)."""
+        d = self.divergence
+        return {"island": self.case.island, "comm_mode": self.case.mode, "hazards": list(self.case.hazards),
+                "repairs": list(self.case.repairs), "steps": self.steps, "diverged": self.diverged,
+                "first_divergence": None if d is None else rank_divergence_json(d),
+                "ranks_diverged": list(self.ranks_diverged), "expect": self.case.expect,
+                "eager_us": self.eager_us, "replay_us": self.replay_us, "captures": self.captures,
+                "replays": self.replays, "collectives_in_graphs": self.collectives_in_graphs, "verdict": verdict(self)}
+
+
+def rank_divergence(index: int, step: int, island: str, tensor: str, row: int | None, rank: int, max_abs: float,
+                    detail: str | None = None) -> Divergence:
+    """A difference one rank saw at step `step` (the `index`-th batch). The TP slice has no
+    request slots; `detail` says why there is no row (the shapes differ)."""
+    context = {"index": index} if detail is None else {"index": index, "detail": detail}
+    return Divergence(step, island, tensor, row, None, None, max_abs, context=context, rank=rank)
+
+
+def rank_divergence_json(d: Divergence) -> dict:
+    """A rank's divergence as the multi-rank JSON carries it."""
+    j = {"index": d.context["index"], "step": d.step, "island": d.island, "tensor": d.tensor, "row": d.row,
+         "rank": d.rank, "max_abs": d.max_abs}
+    if "detail" in d.context:
+        j["detail"] = d.context["detail"]
+    return j
+
+
 def verdict(r: CaseResult) -> str:
+    if not r.ran:
+        return "not run"
     if r.case.expect == "clean":
         return "ok" if not r.detected else "DIVERGED"
     if r.case.expect == "finding":
@@ -85,34 +135,69 @@ def verdict(r: CaseResult) -> str:
     return "detected" if r.divergence is not None else "MISSED"
 
 
-def exit_code(results: list[CaseResult], hazards_requested: bool = False) -> int:
+def exit_code(results: list[CaseResult], hazards_requested: bool = False, run: dict | None = None) -> int:
     """The run's exit code: 1 when a case that should be clean is not (a graph hazard, corruption,
     an undeclared mutation, or in strict mode a kernel finding), when a planted hazard was missed,
     or when hazards were planted on request and detected; else 0 (batch variance and
-    nondeterminism alone give 0)."""
-    if any(verdict(r) in ("DIVERGED", "MISSED") for r in results):
+    nondeterminism alone give 0).
+
+    `run`: a multi-rank run's JSON object. Its `failure` (a rank died, hung or raised) fails the
+    run. A missed planted hazard does not fail a multi-rank run: that is the rule comm.py had,
+    kept unchanged by this restructuring (the verdict and the CLI's stderr line still say MISSED)."""
+    if run is not None and run.get("failure"):
+        return 1
+    failing = ("DIVERGED",) if run is not None else ("DIVERGED", "MISSED")
+    if any(verdict(r) in failing for r in results):
         return 1
     if hazards_requested and any(r.detected for r in results):
         return 1
     return 0
 
 
-def format_table(results: list[CaseResult]) -> str:
-    rows = [("island", "mode", "hazard", "repair", "steps", "result", "class", "first divergence / finding",
-             "replay/eager")]
+def _where(d: Divergence) -> str:
+    if d.rank is not None:  # the rank that saw it; the TP slice has no slots
+        return f"step {d.step} rank {d.rank} {d.tensor} row {d.row} |d|={d.max_abs:.3g}"
+    return d.where()
+
+
+def format_table(results: list[CaseResult], run: dict | None = None) -> str:
+    """One row a case. `run`: a multi-rank run's JSON object; its table has a comm mode column
+    and no class column (ranks report no kernel findings), and ends with the failure, if any,
+    and the launch line (ranks, backend, device, provider, comm dtype, time)."""
+    multi = run is not None
+    rows = [("island", "comm mode" if multi else "mode", "hazard", "repair", "steps", "result")
+            + (() if multi else ("class",)) + ("first divergence" if multi else "first divergence / finding",
+                                               "replay/eager")]
     for r in results:
         f = r.failure
         if f is None and r.kernel_findings:
             f = min((v["first"] for v in r.kernel_findings.values()), key=lambda d: d.step)
-        where = f.where() if f is not None else (r.findings[0]["kind"] + ": " + r.findings[0]["detail"][:40]
+        where = _where(f) if f is not None else (r.findings[0]["kind"] + ": " + r.findings[0]["detail"][:40]
                                                  if r.findings else "")
         race = next((x["detail"] for x in r.findings if x["kind"] == "race"), None)
         if f is not None and race:  # the interleaving the race amplifier forced (runner.RaceLog)
             where += " [race " + race.split(";")[0] + "]"
         ratio = f"{r.replay_us / r.eager_us:.2f}" if r.eager_us else "-"
         rows.append((r.case.island, r.case.mode, ",".join(r.case.hazards) or "-", ",".join(r.case.repairs) or "-",
-                     str(r.steps), verdict(r), r.classification, where, ratio))
+                     str(r.steps), verdict(r)) + (() if multi else (r.classification,)) + (where, ratio))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if multi:
+        f = run.get("failure")
+        if f:
+            where = f"case {f['case']}, step {f['step']}, {f['phase']}" if f.get("case") else f"phase {f.get('phase')}"
+            lines.append(f"FAILED: {f['kind']}: {f['detail']} (at {where})")
+        lines.append(f"tp {run['tp']} over {run['backend']} on {run['device']}, provider {run['graph_provider']}, "
+                     f"comm dtype {run['comm_dtype']}, {run['elapsed_s']:.1f} s")
     return "\n".join(lines)
+
+
+def device_name(where) -> str:
+    """The device's marketing name for result files: a `torch.device`, or a provider (its device)."""
+    d = getattr(where, "device", where)
+    if d.type == "cuda":
+        return torch.cuda.get_device_name(d)
+    if d.type == "xpu":
+        return torch.xpu.get_device_name(d)
+    return "cpu"

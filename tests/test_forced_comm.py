@@ -96,6 +96,34 @@ def test_knobs_map_to_comm_modes_and_foreign_knobs_are_refused():
     assert CommCase(("comm-graph-then-eager",)).expect == "clean"
 
 
+def test_multi_rank_rows_go_through_the_shared_verdict_table_and_exit_code():
+    from repro.results import MultiRankResult, format_table, rank_divergence, verdict
+    from repro.results import exit_code as shared_exit_code
+    hit = MultiRankResult(CommCase(("comm-noop-capture",)), 1, rank_divergence(0, 0, "forced_comm", "out", 0, 1, 2.0),
+                          eager_us=10.0, ranks_diverged=[1])
+    clean = MultiRankResult(CommCase(), 3, None, eager_us=10.0, replay_us=15.0, captures=2, replays=1,
+                            collectives_in_graphs=2)
+    missed = MultiRankResult(CommCase(("allreduce-no-clone",)), 3, None)
+    run = {"tp": 2, "backend": "gloo", "device": "cpu", "graph_provider": "cpu-tape", "comm_dtype": "auto",
+           "elapsed_s": 1.04, "failure": None}
+    assert [verdict(r) for r in (hit, clean, missed)] == ["detected", "ok", "MISSED"]
+    assert verdict(MultiRankResult(CommCase(), 0, None, ran=False)) == "not run"
+    lines = format_table([hit, clean], run=run).splitlines()
+    assert lines[0].split()[:3] == ["island", "comm", "mode"] and "class" not in lines[0]
+    assert "step 0 rank 1 out row 0 |d|=2" in lines[2] and lines[3].endswith("1.50")
+    assert lines[-1] == "tp 2 over gloo on cpu, provider cpu-tape, comm dtype auto, 1.0 s"
+    assert hit.to_json()["first_divergence"] == {"index": 0, "step": 0, "island": "forced_comm", "tensor": "out",
+                                                 "row": 0, "rank": 1, "max_abs": 2.0}
+    assert hit.to_json()["verdict"] == "detected" and clean.to_json()["collectives_in_graphs"] == 2
+    assert shared_exit_code([hit, clean], False, run=run) == 0
+    assert shared_exit_code([hit, clean], True, run=run) == 1
+    assert shared_exit_code([missed], False, run=run) == 0  # comm.py's rule, kept: a miss alone exits 0
+    assert shared_exit_code([missed]) == 1  # single-rank: a miss fails the run
+    failed = {**run, "failure": {"kind": "died", "detail": "rank 1 died (signal 9)", "case": None, "phase": "load"}}
+    assert shared_exit_code([clean], False, run=failed) == 1
+    assert "FAILED: died: rank 1 died (signal 9) (at phase load)" in format_table([clean], run=failed)
+
+
 @pytest.mark.parametrize("tp, match", [(1, "tp >= 2"), (3, "does not divide")])
 def test_bad_tp_is_bad_input_before_any_rank_starts(ckpt, tp, match):
     with pytest.raises(BadInput, match=match):
