@@ -142,12 +142,11 @@ def exit_code(results: list[CaseResult], hazards_requested: bool = False, run: d
     nondeterminism alone give 0).
 
     `run`: a multi-rank run's JSON object. Its `failure` (a rank died, hung or raised) fails the
-    run. A missed planted hazard does not fail a multi-rank run: that is the rule comm.py had,
-    kept unchanged by this restructuring (the verdict and the CLI's stderr line still say MISSED)."""
+    run. A missed planted hazard fails single- and multi-rank runs alike (issue 18: a MISSED row
+    must not exit 0)."""
     if run is not None and run.get("failure"):
         return 1
-    failing = ("DIVERGED",) if run is not None else ("DIVERGED", "MISSED")
-    if any(verdict(r) in failing for r in results):
+    if any(verdict(r) in ("DIVERGED", "MISSED") for r in results):
         return 1
     if hazards_requested and any(r.detected for r in results):
         return 1

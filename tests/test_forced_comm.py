@@ -117,7 +117,7 @@ def test_multi_rank_rows_go_through_the_shared_verdict_table_and_exit_code():
     assert hit.to_json()["verdict"] == "detected" and clean.to_json()["collectives_in_graphs"] == 2
     assert shared_exit_code([hit, clean], False, run=run) == 0
     assert shared_exit_code([hit, clean], True, run=run) == 1
-    assert shared_exit_code([missed], False, run=run) == 0  # comm.py's rule, kept: a miss alone exits 0
+    assert shared_exit_code([missed], False, run=run) == 1  # a miss fails a multi-rank run too
     assert shared_exit_code([missed]) == 1  # single-rank: a miss fails the run
     failed = {**run, "failure": {"kind": "died", "detail": "rank 1 died (signal 9)", "case": None, "phase": "load"}}
     assert shared_exit_code([clean], False, run=failed) == 1
