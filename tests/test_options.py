@@ -140,3 +140,32 @@ def test_pad_rows_carry_what_the_pad_option_names(model, pad, want):
     runner._fill(step([1, 2, 3, 4]), 4)
     runner._fill(step([1, 2]), 4)
     assert runner.token_slot[2:4].tolist() == want
+
+
+def test_a_refused_device_capture_gives_the_stream_back():
+    """torch's graph context exits its stream only after `capture_end` succeeds; the provider must
+    restore it itself, or one refused capture would put every later kernel on the capture stream."""
+    from repro.graphs.device import DeviceGraphProvider
+
+    events = []
+
+    class StreamCtx:
+        def __exit__(self, *a):
+            events.append("stream restored")
+
+    class RefusingGraphCtx:  # what torch.cuda.graph does when the runtime invalidated the capture
+        def __init__(self, graph, **kw):
+            self.stream_ctx = StreamCtx()
+
+        def __enter__(self):
+            events.append("capture begun")
+
+        def __exit__(self, *a):
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+    p = DeviceGraphProvider("cuda", torch.device("cpu"), object, RefusingGraphCtx, lambda: None, torch.cuda)
+    with pytest.raises(RuntimeError, match="host sync"):
+        p.capture(lambda: (_ for _ in ()).throw(RuntimeError("host sync")), None)
+    with pytest.raises(RuntimeError, match="previous error"):
+        p.capture(lambda: {}, None)
+    assert events == ["capture begun", "stream restored"] * 2

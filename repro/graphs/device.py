@@ -30,6 +30,25 @@ def weak_alias_cuda(t: torch.Tensor) -> torch.Tensor:
     return raw.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
 
 
+def _end_capture(ctx, reraise: bool = False) -> None:
+    """End a capture and always give the caller its stream back. torch's graph context leaves its
+    capture stream current when `capture_end` raises (a capture the runtime invalidated, e.g. by a
+    host sync), and every later kernel of the process then runs on that stream: one refused
+    capture would fail the captures after it. `reraise`: raise the ending's own error (the body
+    succeeded); otherwise the body's error is the one that propagates."""
+    try:
+        ctx.__exit__(None, None, None)
+    except BaseException:
+        stream_ctx = getattr(ctx, "stream_ctx", None)
+        if stream_ctx is not None:
+            try:
+                stream_ctx.__exit__(None, None, None)
+            except Exception:  # already exited: nothing left to restore
+                pass
+        if reraise:
+            raise
+
+
 class DeviceGraphProvider:
     supports_streams = True
 
@@ -53,8 +72,14 @@ class DeviceGraphProvider:
             kw["capture_error_mode"] = capture_error_mode
         if stream is not None:
             kw["stream"] = stream
-        with self._graph_ctx(graph, **kw):
+        ctx = self._graph_ctx(graph, **kw)
+        ctx.__enter__()
+        try:
             out = fn()
+        except BaseException:
+            _end_capture(ctx)
+            raise
+        _end_capture(ctx, reraise=True)
         return graph, out
 
     def release(self, graph, tensors):
