@@ -77,6 +77,11 @@ class StepBatch:
             return t.clone()  # a tensor of the consumer's own
         return t.to(device, non_blocking=t.is_pinned())
 
+    def host_ids(self) -> torch.Tensor:
+        """The prepared host tensor of token ids (pinned when prepared so): copy it with
+        non_blocking, do not keep it past `release()`."""
+        return self.prepare()._host["ids"]
+
     def ids(self, device) -> torch.Tensor:
         """Token ids, int64, on `device` (a tensor of the caller's own)."""
         return self._dev("ids", device)

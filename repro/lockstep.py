@@ -84,25 +84,27 @@ class Phases:
     """Where a step's time goes, without adding a synchronisation: device events between phases
     on a GPU (read after the step's one read), host time elsewhere (on the CPU tape the two are
     the same). `prepare` (the next step's host tensors) and `read` are host time: on a GPU they
-    overlap device work, so the fractions can add up to more than 1."""
+    overlap device work, so the fractions can add up to more than 1. Steps that captured a graph
+    are counted in `us` (the result's eager/replay times) but left out of the steady figures."""
 
     def __init__(self, device):
         self.device = torch.device(device)
         backend = getattr(torch, self.device.type, None) if self.device.type in ("cuda", "xpu") else None
-        self.events = backend is not None
         self.Event = backend.Event if backend is not None else None
-        self.us = dict.fromkeys(PHASES, 0.0)
-        self.wall = 0.0
-        self.steps = 0
+        self.events = self.Event is not None
+        self.us = dict.fromkeys(PHASES, 0.0)  # every step
+        self.steady = dict.fromkeys(PHASES, 0.0)  # steps that captured nothing
+        self.wall = self.steady_wall = 0.0
+        self.steps = self.steady_steps = 0
         self._marks: list = []
+        self._step: dict = {}
 
     def start(self) -> None:
         self._t0 = self._last = time.perf_counter()
-        self._marks = [(None, self._event())]
+        self._step = dict.fromkeys(PHASES, 0.0)
+        self._marks = [(None, self._event())] if self.events else []
 
     def _event(self):
-        if not self.events:
-            return None
         ev = self.Event(enable_timing=True)
         ev.record()
         return ev
@@ -113,32 +115,42 @@ class Phases:
             self._marks.append((name, self._event()))
         else:
             now = time.perf_counter()
-            self.us[name] += (now - self._last) * 1e6
+            self._step[name] += (now - self._last) * 1e6
             self._last = now
 
     def host(self, name: str, t0: float) -> None:
         """Host phase `name` began at `t0` and ends now."""
         now = time.perf_counter()
-        self.us[name] += (now - t0) * 1e6
+        self._step[name] += (now - t0) * 1e6
         if not self.events:
             self._last = now
 
-    def stop(self) -> None:
-        """After the step's read: every event has completed."""
+    def stop(self, steady: bool = True) -> None:
+        """After the step's read: every event has completed. `steady`: no capture in this step."""
         for (_, a), (name, b) in zip(self._marks, self._marks[1:]):
-            self.us[name] += a.elapsed_time(b) * 1e3
+            self._step[name] += a.elapsed_time(b) * 1e3
         self._marks = []
-        self.wall += time.perf_counter() - self._t0
+        wall = time.perf_counter() - self._t0
+        self.wall += wall
         self.steps += 1
+        for k, v in self._step.items():
+            self.us[k] += v
+            if steady:
+                self.steady[k] += v
+        if steady:
+            self.steady_wall += wall
+            self.steady_steps += 1
 
     def to_json(self) -> dict:
-        n = max(self.steps, 1)
-        wall_us = self.wall / n * 1e6
-        return {"steps": self.steps, "step_us": round(wall_us, 1),
+        """Steady-state figures (steps without a capture) and the whole run's steps/s."""
+        n = max(self.steady_steps, 1)
+        wall_us = self.steady_wall / n * 1e6
+        return {"steps": self.steps, "steady_steps": self.steady_steps,
                 "steps_per_s": round(self.steps / self.wall, 2) if self.wall else None,
-                "timing": "device events" if self.events else "host clock",
-                "us_per_step": {k: round(v / n, 2) for k, v in self.us.items()},
-                "fractions": {k: round(v / n / wall_us, 4) if wall_us else None for k, v in self.us.items()}}
+                "steady_steps_per_s": round(self.steady_steps / self.steady_wall, 2) if self.steady_wall else None,
+                "step_us": round(wall_us, 1), "timing": "device events" if self.events else "host clock",
+                "us_per_step": {k: round(v / n, 2) for k, v in self.steady.items()},
+                "fractions": {k: round(v / n / wall_us, 4) if wall_us else None for k, v in self.steady.items()}}
 
 
 @dataclass
@@ -230,6 +242,7 @@ class Lockstep:
         """One checked step; `upcoming` (the next batch, if known) is prepared while the device works."""
         ph = self.phases
         ph.start()
+        captures = self.graph.captures
         t = time.perf_counter()
         batch.prepare()
         ph.host("prepare", t)
@@ -284,7 +297,7 @@ class Lockstep:
                 self.resync()
                 div = None
             ph.host("oracle", t)
-        ph.stop()
+        ph.stop(steady=self.graph.captures == captures)
         self.prev = batch
         batch.release()
         return div
@@ -340,13 +353,14 @@ def run_moe_lockstep(model, provider, batches, sizes=None, progress=None, check:
 
     for i, batch in enumerate(batches):
         ph.start()
+        captures = runner.captures
         t = time.perf_counter()
         batch.prepare()
         ph.host("prepare", t)
         with torch.inference_mode():
             e = {f"moe.{k}": v for k, v in eager(input_ids=batch.ids(provider.device)).items()}
         ph.mark("eager")
-        r = runner.step(batch.token_ids)
+        r = runner.step(batch.host_ids())
         ph.mark("replay")
         n = i + 1
         if check == "device":
@@ -359,7 +373,7 @@ def run_moe_lockstep(model, provider, batches, sizes=None, progress=None, check:
             verdict = sc.read(pending)
             ph.host("read", t)
             if verdict.weights:
-                ph.stop()
+                ph.stop(runner.captures == captures)
                 return result(weight_divergence(batch.step, verdict.weights, sc.weights))
             div = compare_outputs(batch, {k: e[k] for k in verdict.outputs}, {k: r[k] for k in verdict.outputs}) \
                 if verdict.outputs else None
@@ -376,9 +390,9 @@ def run_moe_lockstep(model, provider, batches, sizes=None, progress=None, check:
             if div.kind in KERNEL_FINDINGS:
                 note_finding(kernel, div)  # stateless island: nothing to resync
             else:
-                ph.stop()
+                ph.stop(runner.captures == captures)
                 return result(div)
-        ph.stop()
+        ph.stop(runner.captures == captures)
         batch.release()
         if progress:
             progress(i + 1, len(batches))
