@@ -265,12 +265,13 @@ class BenchResult:
     tiny_rates: dict | None = None
     kernels: dict = field(default_factory=dict)
     iters: int = 0
+    lockstep_rates: dict | None = None  # lockrates.lockstep_rates() at this checkpoint and device
 
     def to_json(self) -> dict:
         return {"device": self.device, "graph_provider": self.graph_provider, "torch": torch.__version__,
                 "checkpoint": self.checkpoint, "copy_bandwidth_GBps": round(self.bandwidth / 1e9, 1),
                 "iters": self.iters, "kernels": self.kernels, "results": [r.to_json() for r in self.rows],
-                "tiny_rates": self.tiny_rates, "targets": targets(self.rows)}
+                "tiny_rates": self.tiny_rates, "lockstep_rates": self.lockstep_rates, "targets": targets(self.rows)}
 
 
 def targets(rows: list[Row]) -> dict:
@@ -567,7 +568,8 @@ def checkpoint_for(preset: str, device) -> Path:
 
 def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, repairs: bool = True,
               batches=(1, 8, 32), modes=MODES, iters: int = 50, warmup: int = 5, seed: int = 0,
-              rates: bool = False, log=None, profile: int = 0) -> BenchResult:
+              rates: bool = False, log=None, profile: int = 0, lockstep_steps: int = 0,
+              hunt_examples: int = 20) -> BenchResult:
     from kernels import registry
 
     from .islands import Model
@@ -593,6 +595,10 @@ def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, rep
                     f"floor {row.floor_us:8.2f} us")
         if repairs:
             res.rows.extend(bench.repairs(b, modes))
+    if lockstep_steps:
+        from .lockrates import lockstep_rates
+        res.lockstep_rates = lockstep_rates(model, provider, steps=lockstep_steps, examples=hunt_examples, seed=seed,
+                                            log=log)
     if rates:
         res.tiny_rates = tiny_rates(seed=seed)
     return res
@@ -621,6 +627,9 @@ def format_table(res: BenchResult) -> str:
         lines.append(f"target chain full B=1: replay/floor {t['replay_over_floor']:.2f} (<= {TARGET_FLOOR_RATIO:g}: "
                      f"{'met' if t['within_5x_of_floor'] else 'NOT met'}), eager/replay {t['eager_over_replay']:.1f} "
                      f"(>= {TARGET_SPEEDUP:g}: {'met' if t['replay_10x_faster_than_eager'] else 'NOT met'})")
+    if res.lockstep_rates:
+        from .lockrates import format_rates
+        lines.append(format_rates(res.lockstep_rates))
     if res.tiny_rates:
         r = res.tiny_rates
         lines.append(f"CPU tiny: lockstep {r['lockstep_piecewise_steps_per_s']} steps/s piecewise, "
@@ -706,6 +715,9 @@ def command_line(a) -> str:
     parts += [f for f, on in (("--no-repairs", a.no_repairs), ("--no-tiny-rates", a.no_tiny_rates)) if on]
     if a.profile:
         parts += ["--profile", str(a.profile)]
+    if getattr(a, "lockstep_rates", False):
+        parts += ["--lockstep-rates", "--lockstep-steps", str(a.lockstep_steps), "--hunt-examples",
+                  str(a.hunt_examples)]
     return " ".join(parts)
 
 
@@ -732,7 +744,8 @@ def _bench(a, batches) -> int:
     log = (lambda s: print(s, file=sys.stderr, flush=True)) if not a.quiet else None
     res = run_bench(path, provider, islands=islands, chain=chain, repairs=chain and not a.no_repairs,
                     batches=batches, modes=modes, iters=a.iters, warmup=a.warmup, seed=a.seed,
-                    rates=not a.no_tiny_rates, log=log, profile=a.profile)
+                    rates=not a.no_tiny_rates, log=log, profile=a.profile,
+                    lockstep_steps=a.lockstep_steps if a.lockstep_rates else 0, hunt_examples=a.hunt_examples)
     print(format_table(res))
     if a.profile:
         print(format_profiles(res))

@@ -85,7 +85,8 @@ class IslandRunner:
         n = len(token_ids)
         size = pad_size(n, self.sizes)
         with torch.inference_mode():
-            self.input_ids[:n].copy_(torch.as_tensor(token_ids, dtype=torch.long))
+            src = torch.as_tensor(token_ids, dtype=torch.long)
+            self.input_ids[:n].copy_(src, non_blocking=src.is_pinned())  # pinned (prepared): no stream sync
             if size is None:
                 return self.body(self.input_ids[:n]), n
             self.input_ids[n:size].zero_()

@@ -20,6 +20,8 @@ CORRUPTION = "corruption"  # beyond the calibrated bound, one-sided non-finite, 
 BATCH_VARIANCE = "batch variance"  # exact-shape eager vs padded-shape eager, within the bound: a finding
 NONDETERMINISM = "nondeterminism"  # the same eager call on identical inputs differs: a finding
 FAILURES = (GRAPH_HAZARD, CORRUPTION)
+WEIGHTS = "weights"  # the `island` of a weight that changed (issue 16.2)
+UNOWNED = "no live request owns it"  # the note of a state slot written outside every live request
 KERNEL_FINDINGS = (BATCH_VARIANCE, NONDETERMINISM)
 
 
@@ -46,6 +48,7 @@ class Divergence:
     reason: str = ""  # why this class (the evidence the oracle used)
     bound: float | None = None  # the calibrated bound the difference was held against
     rank: int | None = None  # a multi-rank run: the rank that saw it (`context` holds its step index)
+    note: str = ""  # e.g. "no live request owns it" (a state slot), "changed in place" (a weight)
 
     @property
     def failure(self) -> bool:
@@ -55,13 +58,17 @@ class Divergence:
     def to_json(self) -> dict:
         return {"step": self.step, "island": self.island, "tensor": self.tensor, "row": self.row,
                 "request": self.request, "slot": self.slot, "max_abs": self.max_abs, "kind": self.kind,
-                "nonfinite": self.nonfinite, "reason": self.reason, "bound": self.bound, "context": self.context}
+                "nonfinite": self.nonfinite, "reason": self.reason, "bound": self.bound, "note": self.note,
+                "context": self.context}
 
     def where(self) -> str:
-        """The table's cell: step, tensor, row, slot, then |d| or the non-finite copy."""
+        """The table's cell: step, tensor, row, slot, then |d| or the non-finite copy (and the note)."""
+        if self.island == WEIGHTS:
+            return f"step {self.step} {self.island}.{self.tensor} {self.note}"
         what = (f"non-finite in {self.nonfinite} only" if self.nonfinite in ("eager", "replay")
                 else "non-finite values differ" if self.nonfinite else f"|d|={self.max_abs:.3g}")
-        return f"step {self.step} {self.island}.{self.tensor} row {self.row} slot {self.slot} {what}"
+        note = f" ({self.note})" if self.note else ""
+        return f"step {self.step} {self.island}.{self.tensor} row {self.row} slot {self.slot} {what}{note}"
 
     def line(self) -> str:
         where = f"row {self.row}" if self.row is not None else ""
@@ -69,7 +76,10 @@ class Divergence:
         what = (f"non-finite in {self.nonfinite} only" if self.nonfinite in ("eager", "replay")
                 else "non-finite values differ" if self.nonfinite else f"max|diff| {self.max_abs:.3g}")
         kind = f" [{self.kind}]" if self.kind else ""
-        return f"step {self.step}: {self.island}.{self.tensor} {where}{who} {what}{kind}"
+        if self.island == WEIGHTS:
+            return f"step {self.step}: {self.island}.{self.tensor} {self.note}{kind}"
+        note = f" ({self.note})" if self.note else ""
+        return f"step {self.step}: {self.island}.{self.tensor} {where}{who} {what}{note}{kind}"
 
 
 def same_mask(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -1,16 +1,26 @@
 """Lockstep eager vs replay, and the first-divergence microscope.
 
 The same steps run through an eager copy and a replay copy of the islands, each with its own
-state caches. After every step every island output (live rows), the state rows of live and
-touched slots, and the canary token ids are compared bit for bit (NaN in both copies counts as
-equal: `compare.py`). A difference is classified by the oracle (`oracle.py`: graph hazard,
+state caches. After every step every island output (live rows), the *whole* state of both copies
+(every conv and ssm slot: live, freed and the null block) and every weight are checked on the
+device, and the host reads one small vector of flags and digests once (`stepcheck.py`: one
+synchronisation per step). Where a flag is set, the exact path (`compare.py`, bit for bit, NaN in
+both copies equal) names the first tensor, row, request and slot and |d| or the copy holding a
+one-sided non-finite value; a state slot no live request owns is said to be so, at the step that
+wrote it (issue 16.3). A difference is classified by the oracle (`oracle.py`: graph hazard,
 corruption, batch variance, nondeterminism) on a third copy, the probe, re-run from the eager
 copy's state before the step. A graph hazard or corruption stops the run and is reported with its
 step, island, tensor, row (request and slot), |d| or the copy holding a one-sided non-finite value,
-plus digests of what went in at that step and the step before. Batch variance and nondeterminism
-are kernel findings: counted, the first of each kept, the eager copy's state resynced to the
-replay's, and the run goes on (in strict mode they fail the case, but the run still goes on, so
-a planted hazard is still found).
+plus digests of what went in at that step and the step before. A weight whose digest changed is
+corruption naming the tensor (issue 16.2: both copies read the same weights, so comparing them
+cannot see it). Batch variance and nondeterminism are kernel findings: counted, the first of each
+kept, the eager copy's state resynced to the replay's, and the run goes on (in strict mode they
+fail the case, but the run still goes on, so a planted hazard is still found).
+
+While the device runs step k the host prepares step k+1's input tensors (`StepBatch.prepare`),
+and nothing in a step waits for the device except the one read. `check="host"` keeps the
+previous path (per-tensor comparisons on the host, live and touched slots only, no weights): the
+tests hold the two against each other and `repro bench --lockstep-rates` measures both.
 """
 from __future__ import annotations
 
@@ -22,14 +32,18 @@ import torch
 
 from .batch import StepBatch
 from .capture import DEFAULT_SIZES
-from .compare import (KERNEL_FINDINGS, Divergence, compare_outputs, compare_step, digest, first_row,  # noqa: F401
-                      max_abs, row_owner)
+from .compare import (CORRUPTION, KERNEL_FINDINGS, UNOWNED, WEIGHTS, Divergence, compare_outputs,  # noqa: F401
+                      compare_slots, compare_step, digest, first_row, max_abs, row_owner)
 from .islands.layer import LayerCopy  # noqa: F401
 from .options import Options
 from .oracle import ChainProbe, IslandProbe
 from .runner import EagerRunner, GraphRunner, PieceRunner
+from .stepcheck import StepCheck, Verdict
 
 __all__ = ["Divergence", "Lockstep", "LockstepResult", "compare_step", "digest", "run_lockstep", "run_moe_lockstep"]
+
+CHECKS = ("device", "host")
+PHASES = ("prepare", "eager", "replay", "compare", "weights", "read", "oracle")
 
 
 def _step_context(batch: StepBatch | None, runner: GraphRunner | None) -> dict:
@@ -48,6 +62,97 @@ def _step_context(batch: StepBatch | None, runner: GraphRunner | None) -> dict:
     return ctx
 
 
+def copy_weights(copy) -> dict[str, torch.Tensor]:
+    """Every weight tensor a chain copy reads, by name (the layer's, the embedding, the head's,
+    the next layer's norm)."""
+    from .weights import tensors_of
+    out = {f"layer.{k}": v for k, v in tensors_of(copy.submod0.w).items()}
+    out.update({"head.embed_tokens": copy.submod0.embed, "head.norm": copy.head.norm,
+                "head.lm_head": copy.head.lm_head, "next_norm": copy.submod1.next_norm})
+    return out
+
+
+def island_weights(island) -> dict[str, torch.Tensor]:
+    """The same for the `moe` island."""
+    from .weights import tensors_of
+    out = {f"layer.{k}": v for k, v in tensors_of(island.w).items()}
+    out["head.embed_tokens"] = island.embed
+    return out
+
+
+class Phases:
+    """Where a step's time goes, without adding a synchronisation: device events between phases
+    on a GPU (read after the step's one read), host time elsewhere (on the CPU tape the two are
+    the same). `prepare` (the next step's host tensors) and `read` are host time: on a GPU they
+    overlap device work, so the fractions can add up to more than 1. Steps that captured a graph
+    are counted in `us` (the result's eager/replay times) but left out of the steady figures."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        backend = getattr(torch, self.device.type, None) if self.device.type in ("cuda", "xpu") else None
+        self.Event = backend.Event if backend is not None else None
+        self.events = self.Event is not None
+        self.us = dict.fromkeys(PHASES, 0.0)  # every step
+        self.steady = dict.fromkeys(PHASES, 0.0)  # steps that captured nothing
+        self.wall = self.steady_wall = 0.0
+        self.steps = self.steady_steps = 0
+        self._marks: list = []
+        self._step: dict = {}
+
+    def start(self) -> None:
+        self._t0 = self._last = time.perf_counter()
+        self._step = dict.fromkeys(PHASES, 0.0)
+        self._marks = [(None, self._event())] if self.events else []
+
+    def _event(self):
+        ev = self.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+    def mark(self, name: str) -> None:
+        """End of device phase `name`."""
+        if self.events:
+            self._marks.append((name, self._event()))
+        else:
+            now = time.perf_counter()
+            self._step[name] += (now - self._last) * 1e6
+            self._last = now
+
+    def host(self, name: str, t0: float) -> None:
+        """Host phase `name` began at `t0` and ends now."""
+        now = time.perf_counter()
+        self._step[name] += (now - t0) * 1e6
+        if not self.events:
+            self._last = now
+
+    def stop(self, steady: bool = True) -> None:
+        """After the step's read: every event has completed. `steady`: no capture in this step."""
+        for (_, a), (name, b) in zip(self._marks, self._marks[1:]):
+            self._step[name] += a.elapsed_time(b) * 1e3
+        self._marks = []
+        wall = time.perf_counter() - self._t0
+        self.wall += wall
+        self.steps += 1
+        for k, v in self._step.items():
+            self.us[k] += v
+            if steady:
+                self.steady[k] += v
+        if steady:
+            self.steady_wall += wall
+            self.steady_steps += 1
+
+    def to_json(self) -> dict:
+        """Steady-state figures (steps without a capture) and the whole run's steps/s."""
+        n = max(self.steady_steps, 1)
+        wall_us = self.steady_wall / n * 1e6
+        return {"steps": self.steps, "steady_steps": self.steady_steps,
+                "steps_per_s": round(self.steps / self.wall, 2) if self.wall else None,
+                "steady_steps_per_s": round(self.steady_steps / self.steady_wall, 2) if self.steady_wall else None,
+                "step_us": round(wall_us, 1), "timing": "device events" if self.events else "host clock",
+                "us_per_step": {k: round(v / n, 2) for k, v in self.steady.items()},
+                "fractions": {k: round(v / n / wall_us, 4) if wall_us else None for k, v in self.steady.items()}}
+
+
 @dataclass
 class LockstepResult:
     steps: int
@@ -58,6 +163,7 @@ class LockstepResult:
     replays: int
     captures: int
     kernel_findings: dict = field(default_factory=dict)  # kind -> {"count": n, "first": Divergence}
+    phases: dict = field(default_factory=dict)  # Phases.to_json()
 
     @property
     def diverged(self) -> bool:
@@ -70,16 +176,47 @@ def note_finding(table: dict, div: Divergence) -> None:
     entry["count"] += 1
 
 
+def weight_divergence(step: int, changed: list[str], weights: dict, since: int | None = None) -> Divergence:
+    """Corruption naming the most specific changed weight (the smallest: a row view of a stacked
+    matrix before the matrix)."""
+    name = min(changed, key=lambda k: (weights[k].numel(), changed.index(k)))
+    when = f"after step {since}, by step {step}" if since is not None and since < step - 1 else f"at step {step}"
+    others = [k for k in changed if k != name]
+    reason = (f"weight {name} changed in place {when}: weights are constants, and both copies read the same "
+              f"tensor, so comparing them cannot see it" + (f"; also changed: {', '.join(others)}" if others else ""))
+    return Divergence(step, WEIGHTS, name, None, None, None, 0.0, kind=CORRUPTION, reason=reason,
+                      note="changed in place")
+
+
+def locate(batch, verdict: Verdict, e: dict, r: dict, se: dict, sr: dict) -> Divergence | None:
+    """The exact path, only where the device flags point: the first flagged output that differs
+    (data-flow order), then the first flagged state slot. None: the flagged bits are equal values
+    (+0.0 vs -0.0, NaN payloads), as the previous path judged them."""
+    if verdict.outputs:
+        div = compare_outputs(batch, {k: e[k] for k in verdict.outputs}, {k: r[k] for k in verdict.outputs})
+        if div is not None:
+            return div
+    for name, slots in verdict.slots.items():
+        if slots:
+            div = compare_slots(batch, {name: se[name]}, {name: sr[name]}, slots)
+            if div is not None:
+                return div
+    return None
+
+
 class Lockstep:
     """An eager copy and a replay copy of the islands stepping together, and a probe copy the
     oracle re-runs a mismatching step on. `make_copy(island_opts)` builds one copy with its own
     state cache; `opts` (`hazards.options_for`) says what the case's knobs change in each copy and
     in the runner. `step()` returns a failure (graph hazard / corruption) or None; kernel findings
-    go to `kernel_findings`."""
+    go to `kernel_findings`. `check`: "device" (one read per step, whole state, weights) or
+    "host" (the previous per-tensor path, kept as the tests' and the bench's reference)."""
 
     def __init__(self, make_copy, provider, mode="piecewise", opts: Options = Options(), sizes=None,
-                 max_tokens=64, trace=None):
-        self.provider, self.trace = provider, trace
+                 max_tokens=64, trace=None, check: str = "device", weight_every: int = 1):
+        if check not in CHECKS:
+            raise ValueError(f"check must be one of {CHECKS}")
+        self.provider, self.trace, self.check = provider, trace, check
         self.eager_copy = make_copy(opts.eager_island)
         self.replay_copy = make_copy(opts.replay_island)
         self.eager = EagerRunner(self.eager_copy)
@@ -87,41 +224,82 @@ class Lockstep:
                                  opts=opts.runner, max_tokens=max_tokens)
         self.probe = ChainProbe(make_copy(opts.eager_island), self.graph)
         self.kernel_findings: dict = {}
-        self.t_eager = self.t_replay = 0.0
         self.steps = 0
         self.prev: StepBatch | None = None
+        self.phases = Phases(provider.device)
+        self.device = provider.device
+        # the eager copy's state before the step, for the oracle: persistent, refilled each step
+        self.pre = {k: v.clone() for k, v in self.eager_copy.cache.tensors().items()}
+        weights = {**copy_weights(self.eager_copy), **copy_weights(self.replay_copy)} if check == "device" else {}
+        self.stepcheck = StepCheck(weights, weight_every)
+        self._weights_checked_at: int | None = None
 
     @staticmethod
     def _state(copy: LayerCopy) -> dict:
         return {f"gdn_core.{k}": v for k, v in copy.cache.tensors().items()}
 
-    def step(self, batch: StepBatch) -> Divergence | None:
-        pre = {k: v.clone() for k, v in self.eager_copy.cache.tensors().items()}
-        t0 = time.perf_counter()
+    def step(self, batch: StepBatch, upcoming: StepBatch | None = None) -> Divergence | None:
+        """One checked step; `upcoming` (the next batch, if known) is prepared while the device works."""
+        ph = self.phases
+        ph.start()
+        captures = self.graph.captures
+        t = time.perf_counter()
+        batch.prepare()
+        ph.host("prepare", t)
+        se, sr = self.eager_copy.cache.tensors(), self.replay_copy.cache.tensors()
+        for k, v in se.items():
+            self.pre[k].copy_(v)
         e = self.eager.step(batch)
-        t1 = time.perf_counter()
+        ph.mark("eager")
         r = self.graph.step(batch)
-        self.provider.synchronize()
-        t2 = time.perf_counter()
-        self.t_eager += t1 - t0
-        self.t_replay += t2 - t1
+        ph.mark("replay")
+        if self.check == "device":
+            pending = self.stepcheck.launch(e, r, se, sr, ph.mark)
+            if upcoming is not None:
+                t = time.perf_counter()
+                upcoming.prepare()
+                ph.host("prepare", t)
+            t = time.perf_counter()
+            verdict = self.stepcheck.read(pending)  # the step's one synchronisation
+            ph.host("read", t)
+            div = None
+            if verdict.weights:
+                div = weight_divergence(batch.step, verdict.weights, self.stepcheck.weights,
+                                        self._weights_checked_at)
+                div.context = {"this_step": _step_context(batch, self.graph)}
+            elif not verdict.clean:
+                div = locate(batch, verdict, e, r, se, sr)
+            if self.stepcheck.weights and (self.stepcheck.calls - 1) % self.stepcheck.weight_every == 0:
+                self._weights_checked_at = batch.step
+        else:
+            self.provider.synchronize()
+            ph.mark("replay")
+            div = compare_step(batch, e, r, self.eager_copy, self.replay_copy)
+            ph.mark("compare")
         self.steps += 1
-        div = compare_step(batch, e, r, self.eager_copy, self.replay_copy)
         if self.trace is not None:
             self.trace.write(json.dumps({"step": batch.step, "eager": {k: digest(v) for k, v in e.items()},
                                          "replay": {k: digest(v) for k, v in r.items()}}) + "\n")
-        if div is not None:
+        if div is not None and div.island != WEIGHTS:
+            t = time.perf_counter()
             div = self.probe.classify(batch, div, {**e, **self._state(self.eager_copy)},
-                                      {**r, **self._state(self.replay_copy)}, pre)
+                                      {**r, **self._state(self.replay_copy)}, self.pre)
             div.context = {"this_step": _step_context(batch, self.graph),
                            "previous_step": _step_context(self.prev, None),
                            "eager_digest": {k: digest(v) for k, v in e.items()},
                            "replay_digest": {k: digest(v) for k, v in r.items()}}
+            if div.tensor.endswith("_state") and div.slot is not None and div.request is None \
+                    and div.slot not in set(batch.slots) | set(batch.live_slots):
+                div.note = UNOWNED
+                div.reason += f"; slot {div.slot} is written at this step and {UNOWNED}"
             if div.kind in KERNEL_FINDINGS:
                 note_finding(self.kernel_findings, div)
                 self.resync()
                 div = None
+            ph.host("oracle", t)
+        ph.stop(steady=self.graph.captures == captures)
         self.prev = batch
+        batch.release()
         return div
 
     def resync(self) -> None:
@@ -132,18 +310,20 @@ class Lockstep:
 
     def result(self, div: Divergence | None) -> LockstepResult:
         n = max(self.steps, 1)
-        return LockstepResult(self.steps, div, list(self.graph.findings), self.t_eager / n * 1e6,
-                              self.t_replay / n * 1e6, self.graph.replays, self.graph.captures,
-                              dict(self.kernel_findings))
+        us = self.phases.us
+        return LockstepResult(self.steps, div, list(self.graph.findings), us["eager"] / n,
+                              us["replay"] / n, self.graph.replays, self.graph.captures,
+                              dict(self.kernel_findings), self.phases.to_json())
 
 
 def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise", opts: Options = Options(),
-                 sizes=None, trace=None, progress=None, max_tokens=64) -> LockstepResult:
+                 sizes=None, trace=None, progress=None, max_tokens=64, check: str = "device",
+                 weight_every: int = 1) -> LockstepResult:
     ls = Lockstep(make_copy, provider, mode, opts, sizes,
-                  max(max_tokens, max((b.num_tokens for b in batches), default=1)), trace)
+                  max(max_tokens, max((b.num_tokens for b in batches), default=1)), trace, check, weight_every)
     div = None
     for i, batch in enumerate(batches):
-        div = ls.step(batch)
+        div = ls.step(batch, batches[i + 1] if i + 1 < len(batches) else None)
         if progress:
             progress(i + 1, len(batches))
         if div is not None:
@@ -151,39 +331,69 @@ def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise"
     return ls.result(div)
 
 
-def run_moe_lockstep(model, provider, batches, sizes=None, progress=None) -> LockstepResult:
+def run_moe_lockstep(model, provider, batches, sizes=None, progress=None, check: str = "device") -> LockstepResult:
     """The `moe` island alone: eager vs one graph per size, fed each step's token rows. A
-    mismatch is classified on a probe island (exact and zero-padded eager runs)."""
+    mismatch is classified on a probe island (exact and zero-padded eager runs). The outputs and
+    the weights are checked on the device with one read per step, as in `Lockstep`."""
     from .islands.moe import MoEIsland
 
     eager = MoEIsland(model.cfg, model.weights, model.head)
     probe = IslandProbe(MoEIsland(model.cfg, model.weights, model.head), sizes or DEFAULT_SIZES)
     runner = PieceRunner(MoEIsland(model.cfg, model.weights, model.head), provider, sizes or DEFAULT_SIZES,
                          max_tokens=max((b.num_tokens for b in batches), default=1))
-    t_e = t_r = 0.0
+    sc = StepCheck(island_weights(eager) if check == "device" else {})
+    ph = Phases(provider.device)
     kernel: dict = {}
     n = 0
+
+    def result(div):
+        m = max(n, 1)
+        return LockstepResult(n, div, [], ph.us["eager"] / m, ph.us["replay"] / m, runner.replays,
+                              runner.captures, kernel, ph.to_json())
+
     for i, batch in enumerate(batches):
-        t0 = time.perf_counter()
+        ph.start()
+        captures = runner.captures
+        t = time.perf_counter()
+        batch.prepare()
+        ph.host("prepare", t)
         with torch.inference_mode():
-            e = {f"moe.{k}": v.clone() for k, v in eager(input_ids=torch.tensor(batch.token_ids, device=provider.device)).items()}
-        t1 = time.perf_counter()
-        r = runner.step(batch.token_ids)
-        provider.synchronize()
-        t2 = time.perf_counter()
-        t_e += t1 - t0
-        t_r += t2 - t1
+            e = {f"moe.{k}": v for k, v in eager(input_ids=batch.ids(provider.device)).items()}
+        ph.mark("eager")
+        r = runner.step(batch.host_ids())
+        ph.mark("replay")
         n = i + 1
-        div = compare_outputs(batch, e, r)
+        if check == "device":
+            pending = sc.launch(e, r, {}, {}, ph.mark)
+            if i + 1 < len(batches):
+                t = time.perf_counter()
+                batches[i + 1].prepare()
+                ph.host("prepare", t)
+            t = time.perf_counter()
+            verdict = sc.read(pending)
+            ph.host("read", t)
+            if verdict.weights:
+                ph.stop(runner.captures == captures)
+                return result(weight_divergence(batch.step, verdict.weights, sc.weights))
+            div = compare_outputs(batch, {k: e[k] for k in verdict.outputs}, {k: r[k] for k in verdict.outputs}) \
+                if verdict.outputs else None
+        else:
+            provider.synchronize()
+            ph.mark("replay")
+            div = compare_outputs(batch, e, r)
+            ph.mark("compare")
         if div is not None:
+            t = time.perf_counter()
             div = probe.classify(batch, div, e, r)
             div.context = {"this_step": _step_context(batch, None)}
+            ph.host("oracle", t)
             if div.kind in KERNEL_FINDINGS:
                 note_finding(kernel, div)  # stateless island: nothing to resync
             else:
-                return LockstepResult(n, div, [], t_e / n * 1e6, t_r / n * 1e6, runner.replays, runner.captures,
-                                      kernel)
+                ph.stop(runner.captures == captures)
+                return result(div)
+        ph.stop(runner.captures == captures)
+        batch.release()
         if progress:
             progress(i + 1, len(batches))
-    m = max(n, 1)
-    return LockstepResult(n, None, [], t_e / m * 1e6, t_r / m * 1e6, runner.replays, runner.captures, kernel)
+    return result(None)

@@ -29,7 +29,7 @@ __all__ = ["DEFAULT_SIZES", "EagerRunner", "Finding", "GraphRunner", "HostReadba
 
 
 def _ids(batch: StepBatch, device) -> torch.Tensor:
-    return torch.tensor(batch.token_ids, dtype=torch.long, device=device)
+    return batch.ids(device)  # from the batch's prepared host tensor: no stream sync
 
 
 class EagerRunner:
@@ -213,8 +213,7 @@ class GraphRunner:
     def _fill(self, batch: StepBatch, size: int) -> None:
         n = batch.num_tokens
         self.input_ids[:n].copy_(_ids(batch, self.copy.device))
-        slots = torch.tensor(batch.token_slots(), dtype=torch.int32, device=self.copy.device)
-        self.token_slot[:n].copy_(slots)
+        self.token_slot[:n].copy_(batch.token_slot_tensor(self.copy.device))
         if size > n and self.opts.pad is not Pad.STALE:
             # nano-vllm's `slot_mapping.fill_(-1)`: padded rows carry the kernel's sentinel.
             self.input_ids[n:size].zero_()

@@ -157,3 +157,30 @@ def test_kernel_profile_of_a_chain_replay_on_cpu(model):
     assert all(k["calls_per_replay"] > 0 for k in prof["kernels"])
     assert "profile chain full B=1" in bench.format_profiles(res)
     assert res.to_json()["results"][0]["profile"]["replays"] == 3
+
+
+def test_lockstep_rates_structure(model):
+    """`--lockstep-rates`: per case and check, steps/s and where a step's time goes; hunt rate."""
+    from repro.graphs import make_provider
+    from repro.lockrates import format_rates, lockstep_rates
+    r = lockstep_rates(model, make_provider("cpu"), steps=8, examples=1,
+                       cases=(("chain", "full"), ("moe", "piecewise")))
+    assert [(c["island"], c["mode"], c["check"]) for c in r["cases"]] == [
+        ("chain", "full", "device"), ("chain", "full", "host"), ("moe", "piecewise", "device"),
+        ("moe", "piecewise", "host")]
+    for c in r["cases"]:
+        assert c["steps"] == 8 and not c["diverged"] and c["run_steps_per_s"] > 0
+        assert set(c["fractions"]) == {"prepare", "eager", "replay", "compare", "weights", "read", "oracle"}
+        assert c["steady_steps"] + c["captures"] >= c["steps"] and c["us_per_step"]["eager"] > 0
+    assert r["hunt"]["examples"] >= 1 and r["hunt"]["examples_per_s"] > 0
+    assert "steps/s" in format_rates(r) and "hunt:" in format_rates(r)
+
+
+def test_cli_lockstep_rates_in_the_json(tiny_path, tmp_path):
+    out = tmp_path / "b.json"
+    assert main(["bench", "--device", "cpu", "--model", tiny_path, "--island", "gdn_core", "--batches", "1",
+                 "--iters", "1", "--warmup", "0", "--no-tiny-rates", "--quiet", "--json", str(out),
+                 "--lockstep-rates", "--lockstep-steps", "3", "--hunt-examples", "0"]) == 0
+    d = json.loads(out.read_text())
+    assert {(c["island"], c["check"]) for c in d["lockstep_rates"]["cases"]} >= {("chain", "device"), ("moe", "host")}
+    assert "--lockstep-rates" in d["command"]

@@ -57,9 +57,14 @@ class LayerCopy:
 
 def collect(o0: dict, o1: dict, ids: torch.Tensor, n: int, core: torch.Tensor | None = None) -> dict:
     """Every island's outputs, live rows only, as the step left them. `core` is what the
-    splitting op returned (its `core_out` buffer unless it allocated a fresh tensor)."""
+    splitting op returned (its `core_out` buffer unless it allocated a fresh tensor).
+
+    Views, not copies (issue 19.1): the lockstep compares them, on the same stream, before the
+    next replay can overwrite a graph's outputs, so a clone would read exactly the same bytes a
+    step later in the queue. Eager outputs are fresh tensors the dict keeps alive. A caller that
+    keeps a replay's outputs past the next step must copy them itself."""
     out = {f"submod0.{k}": v[:n] for k, v in o0.items() if k != "core_out"}
     out["gdn_core.core_out"] = (o0["core_out"] if core is None else core)[:n]
     out.update({f"submod1.{k}": v[:n] for k, v in o1.items()})
     out["head.token_ids"] = ids[:n]
-    return {k: v.clone() for k, v in out.items()}
+    return out

@@ -1,0 +1,105 @@
+"""`repro bench --lockstep-rates`: checked lockstep steps/s per island and Hypothesis examples/s
+on the chosen checkpoint and device (issue 19.3), with the whole-state and weight checks on.
+
+Per case (the islands of `repro run` at baseline: `chain` piecewise and full, `submod0`,
+`submod1`, `gdn_core`, `moe`): one seeded sequence of `steps` scheduler steps (mixed prefills
+and decodes, up to 8 requests), run through the lockstep as `repro run` runs it, once with the
+device check (`check="device"`: one read per step, every state slot, every weight) and once with
+the previous host path (`check="host"`) for comparison. Reported: steps/s over the whole run
+(captures included) and in steady state (steps that captured nothing), and where a steady step's
+time goes (`lockstep.Phases`: eager, replay, compare, weights, read, prepare, oracle, in us and
+as fractions of the step's wall time; device events on a GPU, so host phases overlap). Nothing
+here asserts a timing.
+"""
+from __future__ import annotations
+
+import time
+
+TARGET_STEPS_PER_S = 300  # issue 19.4: every island, real dimensions, B <= 8, one H200
+CASES = (("chain", "piecewise"), ("chain", "full"), ("submod0", "piecewise"), ("submod1", "piecewise"),
+         ("gdn_core", "full"), ("moe", "piecewise"))
+CHECKS = ("device", "host")
+
+
+def run_checked(model, provider, island: str, mode: str, seq, check: str = "device"):
+    """One baseline case as `job.run_case` runs it, with the lockstep's check chosen."""
+    from dataclasses import replace
+
+    from . import hazards as hz
+    from .job import ISLAND_MODES
+    from .lockstep import run_lockstep, run_moe_lockstep
+    if island == "moe":
+        return run_moe_lockstep(model, provider, seq.batches(), check=check)
+    opts = hz.options_for((), ())
+    if island in ISLAND_MODES:
+        opts = replace(opts, runner=replace(opts.runner,
+                                            eager_families=opts.runner.eager_families | ISLAND_MODES[island][1]))
+    return run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=0), provider, seq.batches(),
+                        mode=mode, opts=opts, max_tokens=seq.max_tokens, check=check)
+
+
+def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: int = 0, checks=CHECKS,
+                   cases=CASES, log=None) -> dict:
+    """Steps/s per case and check, and Hypothesis examples/s (device check), on `model`
+    (an `islands.Model`) and `provider`."""
+    from .job import default_sequence, device_name
+    log = log or (lambda s: None)
+    seq = default_sequence(seed, steps, vocab=model.cfg.vocab_size)
+    out: dict = {"checkpoint": str(model.path), "device": device_name(provider), "provider": provider.name,
+                 "steps": steps, "target_steps_per_s": TARGET_STEPS_PER_S, "cases": []}
+    for island, mode in cases:
+        for check in checks:
+            t0 = time.perf_counter()
+            r = run_checked(model, provider, island, mode, seq, check)
+            dt = time.perf_counter() - t0
+            ph = r.phases
+            row = {"island": island, "mode": mode, "check": check, "steps": r.steps, "captures": r.captures,
+                   "diverged": r.divergence is not None, "run_steps_per_s": round(r.steps / dt, 2),
+                   **{k: ph.get(k) for k in ("steady_steps", "steady_steps_per_s", "step_us", "timing",
+                                             "us_per_step", "fractions")}}
+            row["meets_target"] = (row["steady_steps_per_s"] or 0) >= TARGET_STEPS_PER_S
+            out["cases"].append(row)
+            log(f"  lockstep {island:<8} {mode:<9} {check:<6} {row['steady_steps_per_s']} steps/s steady, "
+                f"{row['run_steps_per_s']} with captures")
+    if examples:
+        out["hunt"] = hunt_rate(model, provider, examples)
+        log(f"  hunt {out['hunt']['examples_per_s']} examples/s ({out['hunt']['examples']} examples)")
+    return out
+
+
+def hunt_rate(model, provider, examples: int) -> dict:
+    """Hypothesis examples/s of `repro hunt` (chain piecewise, baseline, the `ci` profile)."""
+    from .hunt import hunt
+    from .job import Case, run_case
+    calls = 0
+
+    def check(s):
+        nonlocal calls
+        calls += 1
+        r = run_case(model, provider, Case("chain", "piecewise"), s)
+        return r.divergence
+
+    t0 = time.perf_counter()
+    hunt(check, max_examples=examples, profile="ci", vocab=model.cfg.vocab_size)
+    dt = time.perf_counter() - t0
+    return {"examples": calls, "examples_per_s": round(calls / dt, 2), "seconds": round(dt, 2)}
+
+
+def format_rates(r: dict) -> str:
+    """The table `repro bench --lockstep-rates` prints."""
+    head = ("island", "mode", "check", "steps/s", "w/ captures", "eager", "replay", "compare", "weights",
+            "read", "prepare", "oracle")
+    rows = [head]
+    for c in r["cases"]:
+        f = c["fractions"] or {}
+        rows.append((c["island"], c["mode"], c["check"], str(c["steady_steps_per_s"]), str(c["run_steps_per_s"]),
+                     *(f"{f.get(k) or 0:.0%}" for k in ("eager", "replay", "compare", "weights", "read", "prepare",
+                                                          "oracle"))))
+    widths = [max(len(x[i]) for x in rows) for i in range(len(head))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(x, widths)).rstrip() for x in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append(f"lockstep on {r['device']} ({r['provider']}), {r['steps']} steps a case; steps/s in steady state "
+                 f"(steps without a capture); time shares of a steady step ({r['cases'][0]['timing'] if r['cases'] else '-'})")
+    if "hunt" in r:
+        lines.append(f"hunt: {r['hunt']['examples_per_s']} examples/s ({r['hunt']['examples']} examples)")
+    return "\n".join(lines)

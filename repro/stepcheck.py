@@ -1,0 +1,160 @@
+"""The lockstep's per-step check, computed on the device and read by the host in one copy.
+
+Issue 19.1 / 16.2 / 16.3. Each step, on the device and without a host synchronisation:
+
+- every compared output: one flag, "some element's bit pattern differs" (`bits`);
+- every state tensor (conv, ssm), whole: one flag per slot, the null block and freed slots
+  included;
+- every weight tensor: an int64 digest (`digest_words`).
+
+They are concatenated into one small int64 vector; `read()` copies it to the host once, which is
+the step's only synchronisation. Bit patterns (integers of the element's width) make the check
+exact and NaN-aware: an identical NaN or inf is equal to itself. The converse is not quite the
+old value semantics (+0.0 vs -0.0, or two NaNs with different payloads, differ in bits and not
+in value), so a flag is never a verdict: it only says where the exact path (`compare.py`, per
+tensor, with first row, owner and |d|) must look; when that finds the values equal, the step
+is clean, exactly as before.
+
+Weight digests are the int64 sum of the tensor's bytes read as 32-bit (or 16/8-bit) words: any
+change of a single word changes it, as does any change that does not preserve the words' sum
+(a swap of two words would not: documented blind spot). Weights are read once per step, so on
+a GPU at real dimensions this is the dominant extra read; `weight_every` thins it (a change is
+then reported at the first checked step after it, with the range of steps it happened in).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .compare import ordered
+
+_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns as integers of the same width (a view: no copy)."""
+    if t.dtype == torch.bool:
+        return t.view(torch.uint8)
+    if t.is_floating_point() or t.is_complex():
+        return t.view(_INT[t.element_size()])
+    return t
+
+
+def words(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as one flat run of the widest integers that tile it (int32, int16,
+    else uint8): a view when the tensor is contiguous."""
+    t = t if t.is_contiguous() else t.contiguous()
+    b = t.reshape(-1).view(torch.uint8) if t.dtype != torch.uint8 else t.reshape(-1)
+    for dt, size in ((torch.int32, 4), (torch.int16, 2)):
+        if b.numel() % size == 0:
+            try:
+                return b.view(dt)
+            except RuntimeError:  # misaligned storage offset
+                continue
+    return b
+
+
+def digest_words(t: torch.Tensor) -> torch.Tensor:
+    """An int64 digest of `t`'s bytes, on its device (see the module doc)."""
+    return words(t).sum(dtype=torch.int64) if t.numel() else torch.zeros((), dtype=torch.int64, device=t.device)
+
+
+def differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """0-dim bool on the device: some element's bits differ."""
+    return (bits(a) != bits(b)).any()
+
+
+def slots_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[slots] bool on the device: which slots (dim 0) hold different bits."""
+    return (bits(a) != bits(b)).reshape(a.shape[0], -1).any(-1)
+
+
+@dataclass
+class Verdict:
+    """What the host learns from one step's vector: where the exact path must look."""
+    outputs: list = field(default_factory=list)  # output keys, data-flow order
+    slots: dict = field(default_factory=dict)  # state name -> slots whose bits differ, ascending
+    weights: list = field(default_factory=list)  # weight names whose digest changed
+
+    @property
+    def clean(self) -> bool:
+        return not (self.outputs or any(self.slots.values()) or self.weights)
+
+
+def unique_weights(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop exact duplicates (the same storage, offset, shape and dtype under two names): the
+    copies of a model share their weight tensors. Row views of a stacked matrix stay, named."""
+    seen, out = set(), {}
+    for name, t in named.items():
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+        if key not in seen:
+            seen.add(key)
+            out[name] = t
+    return out
+
+
+class StepCheck:
+    """One lockstep's device-side check: `launch` enqueues it, `read` synchronises once."""
+
+    def __init__(self, weights: dict[str, torch.Tensor] | None = None, weight_every: int = 1):
+        self.weights = unique_weights(weights or {})
+        self.weight_every = max(1, weight_every)
+        self.base: list[int] | None = None  # the weights' digests when the run began
+        self.base_step = None
+        self.calls = 0
+        if self.weights:
+            self.base = torch.stack([digest_words(t) for t in self.weights.values()]).tolist()
+
+    def launch(self, out_a: dict, out_b: dict, state_a: dict, state_b: dict, mark=None):
+        """Enqueue the step's flags (and, on schedule, the weight digests); returns what `read`
+        needs. `mark(name)`: the lockstep's phase clock (compare / weights)."""
+        parts, layout = [], []
+        order = ordered(out_a)
+        known = []  # output keys whose shape or dtype differ: known on the host
+        flags = []
+        for key in order:
+            a, b = out_a[key], out_b[key]
+            if a.shape != b.shape or a.dtype != b.dtype:
+                known.append(key)
+            elif a.numel():
+                flags.append(differs(a, b))
+                layout.append(("out", key))
+        if flags:
+            parts.append(torch.stack(flags))
+        for name, a in state_a.items():
+            parts.append(slots_differ(a, state_b[name]))
+            layout.append(("state", name, a.shape[0]))
+        if mark:
+            mark("compare")
+        self.calls += 1
+        if self.weights and (self.calls - 1) % self.weight_every == 0:
+            parts.append(torch.stack([digest_words(t) for t in self.weights.values()]))
+            layout.append(("weights",))
+        if mark:
+            mark("weights")
+        vec = torch.cat([p.reshape(-1).to(torch.int64) for p in parts]) if parts else None
+        return vec, layout, known, order
+
+    def read(self, pending) -> Verdict:
+        """The step's one host synchronisation: copy the vector, decode it."""
+        vec, layout, known, order = pending
+        v = vec.tolist() if vec is not None else []
+        out = Verdict(outputs=list(known))
+        i = 0
+        flagged = set(known)
+        for item in layout:
+            if item[0] == "out":
+                if v[i]:
+                    flagged.add(item[1])
+                i += 1
+            elif item[0] == "state":
+                n = item[2]
+                out.slots[item[1]] = [s for s in range(n) if v[i + s]]
+                i += n
+            else:
+                now = v[i:i + len(self.weights)]
+                out.weights = [k for k, x, y in zip(self.weights, self.base, now) if x != y]
+                i += len(self.weights)
+        out.outputs = [k for k in order if k in flagged]
+        return out

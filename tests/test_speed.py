@@ -1,0 +1,201 @@
+"""The device-side check (issue 19.1, 16.2, 16.3) on the CPU tape: it finds the same first
+divergence as the previous host path for planted hazards, it sees writes into slots no live
+request owns and in-place weight changes at the step they happen, NaN in both copies stays
+equal, and a clean step reads the device once. No timing is asserted."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from repro import hazards as hz
+from repro.batch import StepBatch
+from repro.compare import UNOWNED, WEIGHTS
+from repro.graphs import make_provider
+from repro.islands import Model
+from repro.job import default_sequence
+from repro.lockstep import Lockstep, locate, run_lockstep
+from repro.stepcheck import StepCheck, digest_words, words
+
+SEQ = default_sequence(seed=0, steps=60)
+KEYS = ("step", "island", "tensor", "row", "slot")
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_path):
+    provider = make_provider("cpu")
+    return Model(tiny_path, provider.device), provider
+
+
+def _make(model, seq, sentinel):
+    return lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=sentinel)
+
+
+def run(model, provider, hazard, mode, check, seq=SEQ):
+    """One hazard case as `job.run_case` runs it, with the check chosen."""
+    opts = hz.options_for((hazard,), ())
+    sentinel = opts.sentinel(0)
+    batches = seq.batches(None if sentinel == 0 else range(seq.num_slots))
+    return run_lockstep(_make(model, seq, sentinel), provider, batches, mode=mode, opts=opts,
+                        max_tokens=seq.max_tokens, check=check)
+
+
+@pytest.mark.parametrize("hazard, mode", [("stale-pad", "full"), ("pad-sentinel-mismatch", "full"),
+                                          ("output-alias", "piecewise"), ("fresh-alloc-split-op", "piecewise"),
+                                          ("frozen-python-state", "piecewise"), ("escaped-capture", "piecewise")])
+def test_device_check_finds_the_host_paths_first_divergence(setup, hazard, mode):
+    """Same step, island, tensor, row and slot as the per-tensor host path, or earlier only where
+    the whole state shows a slot no live request owns (issue 16.3)."""
+    model, provider = setup
+    dev, host = run(model, provider, hazard, mode, "device"), run(model, provider, hazard, mode, "host")
+    assert dev.divergence is not None and host.divergence is not None
+    d, h = dev.divergence, host.divergence
+    if d.note == UNOWNED:
+        assert d.step <= h.step
+    else:
+        assert [getattr(d, k) for k in KEYS] == [getattr(h, k) for k in KEYS]
+        assert d.kind == h.kind and d.max_abs == h.max_abs
+
+
+def _lockstep(model, provider, seq=SEQ):
+    return Lockstep(_make(model, seq, 0), provider, "full", max_tokens=seq.max_tokens)
+
+
+def _unowned_step(batches, want_null: bool):
+    """(index, slot): a step and a slot no live request owns at it (slot 0, or a freed one)."""
+    for i, b in enumerate(batches):
+        owned = set(b.slots) | set(b.live_slots)
+        if want_null:
+            return i, 0
+        freed = [s for s in range(1, SEQ.num_slots + 1) if s not in owned and any(s in p.slots for p in batches[:i])]
+        if freed and i > 3:
+            return i, freed[0]
+    raise AssertionError("no freed slot in the sequence")
+
+
+@pytest.mark.parametrize("null", [True, False], ids=["null-block", "freed-slot"])
+@pytest.mark.parametrize("when", ["during", "between"])
+def test_write_into_a_slot_no_live_request_owns_is_reported_at_that_step(setup, null, when):
+    model, provider = setup
+    batches = SEQ.batches()
+    k, slot = _unowned_step(batches, null)
+    ls = _lockstep(model, provider)
+    step = ls.graph.step
+
+    def planted(batch):  # a provider that writes one unowned slot of the replay copy's state
+        out = step(batch)
+        if batch is batches[k]:
+            ls.replay_copy.cache.ssm[slot] += 1.0
+        return out
+    if when == "during":
+        ls.graph.step = planted
+    div = None
+    for i, b in enumerate(batches):
+        if when == "between" and i == k:
+            ls.replay_copy.cache.conv[slot] += 1.0
+        div = ls.step(b)
+        if div is not None:
+            break
+    assert div is not None and div.step == batches[k].step
+    assert div.slot == slot and div.tensor in ("ssm_state", "conv_state") and div.request is None
+    assert div.note == UNOWNED and UNOWNED in div.where() and div.failure
+
+
+def test_the_host_path_does_not_see_an_unowned_slot(setup):
+    """Why 16.3 needed the whole state: the previous path compared live and touched slots only."""
+    model, provider = setup
+    ls = Lockstep(_make(model, SEQ, 0), provider, "full", max_tokens=SEQ.max_tokens, check="host")
+    batches = SEQ.batches()
+    ls.step(batches[0])
+    ls.replay_copy.cache.ssm[0] += 1.0
+    assert ls.step(batches[1]) is None
+
+
+@pytest.mark.parametrize("name, where", [("layer.gdn.dt_bias", lambda w: w.gdn.dt_bias),
+                                         ("layer.gdn.in_proj_z.weight", lambda w: w.gdn.in_proj_z.weight)])
+def test_in_place_weight_change_is_reported_at_that_step_naming_the_tensor(tiny_path, name, where):
+    provider = make_provider("cpu")
+    model = Model(tiny_path, provider.device)  # its own: the weights are changed
+    batches = SEQ.batches()[:12]
+    ls = _lockstep(model, provider)
+    step = ls.graph.step
+
+    def planted(batch):  # after both copies ran: the outputs agree, only the weight watch sees it
+        out = step(batch)
+        if batch.step == 6:
+            t = where(model.weights)
+            t.view(-1)[0] = t.view(-1)[0] + 1 if t.is_floating_point() else t.view(-1)[0] ^ 1
+        return out
+    ls.graph.step = planted
+    div = next((d for d in (ls.step(b) for b in batches) if d is not None), None)
+    assert div is not None and (div.step, div.island, div.tensor) == (6, WEIGHTS, name)
+    assert div.kind == "corruption" and "changed in place" in div.where()
+    if "in_proj_z" in name:  # a row view of the stacked matrix: named, the matrix listed too
+        assert "layer.gdn.in_proj.weight" in div.reason
+
+
+def test_nan_in_both_copies_is_equal_and_bits_only_point_the_exact_path():
+    nan = float("nan")
+    b = StepBatch([7], [1], [2], [False], [3, 4], step=2, live_slots=[1])
+    a = {"submod0.qkv": torch.tensor([[1.0, nan], [float("inf"), 2.0]], dtype=torch.bfloat16),
+         "head.token_ids": torch.tensor([1, 2])}
+    sa = {"ssm_state": torch.zeros(3, 2)}
+    sa["ssm_state"][2, 1] = nan
+    sb = {"ssm_state": sa["ssm_state"].clone()}
+    check = StepCheck()
+    same = {k: v.clone() for k, v in a.items()}
+    assert check.read(check.launch(a, same, sa, sb)).clean
+    # +0.0 vs -0.0: the bits differ, the values do not: flagged, and the exact path says equal
+    sb["ssm_state"][1, 0] = -0.0
+    v = check.read(check.launch(a, same, sa, sb))
+    assert v.slots["ssm_state"] == [1] and locate(b, v, a, same, sa, sb) is None
+    # a one-sided NaN is a divergence naming the row and the copy
+    other = {k: v.clone() for k, v in a.items()}
+    other["submod0.qkv"][1, 1] = nan
+    v = check.read(check.launch(a, other, sa, sa))
+    assert v.outputs == ["submod0.qkv"]
+    d = locate(b, v, a, other, sa, sa)
+    assert (d.tensor, d.row, d.request, d.slot, d.nonfinite) == ("qkv", 1, 7, 1, "replay")
+
+
+def test_weight_digest_sees_any_single_word():
+    for t in (torch.arange(7, dtype=torch.int8), torch.randn(5, 3).to(torch.bfloat16), torch.randn(4, 6)[:, 1:3]):
+        before = int(digest_words(t))
+        u = t.clone()
+        u.view(-1)[-1] = u.view(-1)[-1] + 1
+        assert int(digest_words(u)) != before
+    assert words(torch.zeros(8, dtype=torch.bfloat16)).dtype == torch.int32
+    assert words(torch.zeros(3, dtype=torch.bfloat16)).dtype == torch.int16
+
+
+def test_a_clean_step_reads_the_device_once(setup, monkeypatch):
+    """No per-tensor `.item()`, `torch.equal` or bool() of a tensor: one `tolist` of one vector
+    per decode step (steps that capture a graph aside: capture-time lints read tensors; and
+    prefill steps: the CPU reference prefill kernel reads its query_start_loc on the host)."""
+    model, provider = setup
+    batches = SEQ.batches()[:25]
+    ls = _lockstep(model, provider)
+    calls = {"tolist": 0, "item": 0, "equal": 0, "bool": 0}
+    for name, orig in (("tolist", torch.Tensor.tolist), ("item", torch.Tensor.item), ("bool", torch.Tensor.__bool__)):
+        def counted(self, *a, _n=name, _o=orig, **k):
+            calls[_n] += 1
+            return _o(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name if name != "bool" else "__bool__", counted)
+    eq = torch.equal
+    monkeypatch.setattr(torch, "equal", lambda *a: calls.__setitem__("equal", calls["equal"] + 1) or eq(*a))
+    steady = 0
+    for i, b in enumerate(batches[:-1]):
+        before, captures = dict(calls), ls.graph.captures
+        assert ls.step(b, batches[i + 1]) is None
+        if ls.graph.captures == captures and b.uniform_decode:
+            steady += 1
+            assert {k: calls[k] - before[k] for k in calls} == {"tolist": 1, "item": 0, "equal": 0, "bool": 0}, i
+    assert steady >= 5
+
+
+def test_prepared_inputs_are_each_consumers_own(setup):
+    b = replace(SEQ.batches()[3]).prepare()
+    m1, m2 = b.meta("cpu"), b.meta("cpu")
+    assert m1.state_indices.tolist() == b.slots and m1.state_indices.data_ptr() != m2.state_indices.data_ptr()
+    assert b.ids("cpu").tolist() == b.token_ids and b.token_slot_tensor("cpu").tolist() == b.token_slots()
+    b.release()
+    assert b._host is None and b.ids("cpu").tolist() == b.token_ids  # rebuilt on demand
