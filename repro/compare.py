@@ -68,7 +68,9 @@ class Divergence:
         what = (f"non-finite in {self.nonfinite} only" if self.nonfinite in ("eager", "replay")
                 else "non-finite values differ" if self.nonfinite else f"|d|={self.max_abs:.3g}")
         note = f" ({self.note})" if self.note else ""
-        return f"step {self.step} {self.island}.{self.tensor} row {self.row} slot {self.slot} {what}{note}"
+        row = f" row {self.row}" if self.row is not None else ""  # a state slot has no token row
+        slot = f" slot {self.slot}" if self.slot is not None else ""
+        return f"step {self.step} {self.island}.{self.tensor}{row}{slot} {what}{note}"
 
     def line(self) -> str:
         where = f"row {self.row}" if self.row is not None else ""

@@ -159,6 +159,22 @@ def _where(d: Divergence) -> str:
     return d.where()
 
 
+MIN_TIMED_STEPS = 10  # below this a row's replay/eager ratio is capture time, not replay speed
+FINDING_WIDTH = 60  # characters of a finding's text in the table (the JSON keeps it whole)
+
+
+def _finding_cell(r: CaseResult) -> str:
+    """The first runner finding, cut at a word and marked; on a clean row it is a note (what the
+    repair's mechanism showed), not a failure, and says so."""
+    if not r.findings:
+        return ""
+    text = f"{r.findings[0]['kind']}: {r.findings[0]['detail']}"
+    if len(text) > FINDING_WIDTH:
+        text = text[:FINDING_WIDTH].rsplit(" ", 1)[0] + " ..."
+    more = f" (+{len(r.findings) - 1} more)" if len(r.findings) > 1 else ""
+    return ("note: " if verdict(r) == "ok" else "") + text + more
+
+
 def format_table(results: list[CaseResult], run: dict | None = None) -> str:
     """One row a case. `run`: a multi-rank run's JSON object; its table has a comm mode column
     and no class column (ranks report no kernel findings), and ends with the failure, if any,
@@ -171,12 +187,12 @@ def format_table(results: list[CaseResult], run: dict | None = None) -> str:
         f = r.failure
         if f is None and r.kernel_findings:
             f = min((v["first"] for v in r.kernel_findings.values()), key=lambda d: d.step)
-        where = _where(f) if f is not None else (r.findings[0]["kind"] + ": " + r.findings[0]["detail"][:40]
-                                                 if r.findings else "")
+        where = _where(f) if f is not None else _finding_cell(r)
         race = next((x["detail"] for x in r.findings if x["kind"] == "race"), None)
         if f is not None and race:  # the interleaving the race amplifier forced (runner.RaceLog)
             where += " [race " + race.split(";")[0] + "]"
-        ratio = f"{r.replay_us / r.eager_us:.2f}" if r.eager_us else "-"
+        # a few steps' timing is mostly capture and warm-up: no ratio is shown for them
+        ratio = f"{r.replay_us / r.eager_us:.2f}" if r.eager_us and r.steps >= MIN_TIMED_STEPS else "-"
         rows.append((r.case.island, r.case.mode, ",".join(r.case.hazards) or "-", ",".join(r.case.repairs) or "-",
                      str(r.steps), verdict(r)) + (() if multi else (r.classification,)) + (where, ratio))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
