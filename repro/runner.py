@@ -381,6 +381,10 @@ class GraphRunner:
             ids = c.head(hidden=o1["hidden"][:n])["token_ids"]
             out = collect(held, o1, ids, n, fresh)
             if self._amplified:
+                # The consumer reads now: snapshot what it sees, so the comparison and the race flag
+                # judge the same bytes (views would be read later in the queue, when a racing
+                # side-stream replay may have landed: detection would depend on timing again).
+                out = {k: v.clone() for k, v in out.items()}
                 # what the step hands back holds the poison: a consumer read before a replay landed
                 # (flagged on the consumer's stream, after its reads; no synchronisation here)
                 floats = [is_poison(v).any() for v in out.values() if v.is_floating_point()]

@@ -49,6 +49,19 @@ def _end_capture(ctx, reraise: bool = False) -> None:
             raise
 
 
+@contextlib.contextmanager
+def _escape(backend, device):
+    main = backend.current_stream(device)
+    side = backend.Stream(device=device)
+    capturing = getattr(backend, "is_current_stream_capturing", lambda: False)()
+    if not capturing:
+        side.wait_stream(main)
+    with backend.stream(side):
+        yield
+    if not capturing:
+        main.wait_stream(side)
+
+
 class DeviceGraphProvider:
     supports_streams = True
 
@@ -99,9 +112,11 @@ class DeviceGraphProvider:
         return None  # no portable weak tensor on XPU: the runner keeps a strong reference
 
     def escape(self):
-        """Issue work on a side stream the capture does not join (its effect is not recorded)."""
-        side = self.backend.Stream(device=self.device)
-        return self.backend.stream(side)
+        """Issue work on a side stream the capture does not join (its effect is not recorded).
+        Outside a capture the side stream is ordered with the current one both ways, as a library
+        running on its own queue orders its eager work (oneDNN on a cached queue); inside one it is
+        left unjoined, which is the hazard: the capture never sees that work."""
+        return _escape(self.backend, self.device)
 
     def new_stream(self):
         return self.backend.Stream(device=self.device)
