@@ -38,7 +38,7 @@ def _signature(obj):
     return inspect.signature(obj)
 
 
-def spy_provider(ctx_sig, cls_sig, pool_sig, capture_kwargs=None):
+def spy_provider(ctx_sig, cls_sig, pool_sig):
     """A provider whose graph class, capture context and pool handle only bind their arguments
     to the given signatures (TypeError when a call does not fit) and do nothing else."""
     def ctx(*a, **k):
@@ -53,9 +53,7 @@ def spy_provider(ctx_sig, cls_sig, pool_sig, capture_kwargs=None):
         pool_sig.bind(*a, **k)
         return "pool"
 
-    p = DeviceGraphProvider("xpu", torch.device("cpu"), cls, ctx, pool, None)
-    p.capture_kwargs = dict(capture_kwargs or {})
-    return p
+    return DeviceGraphProvider("xpu", torch.device("cpu"), cls, ctx, pool, None)
 
 
 def _capture_both_ways(p):
@@ -69,11 +67,15 @@ def test_provider_calls_fit_ipex_26_27_signatures():
                                     _signature(ipex_graph_pool_handle)))
 
 
+def ipex_graph_without_stream(xpu_graph, pool=None):
+    """A deliberately narrower `graph(...)`: the provider's `stream=` does not fit it."""
+
+
 def test_a_call_that_does_not_fit_fails():
-    p = spy_provider(_signature(ipex_graph), _signature(ipex_xpugraph), _signature(ipex_graph_pool_handle),
-                     capture_kwargs={"graph_mode": "relaxed"})
-    with pytest.raises(TypeError, match="graph_mode"):
-        p.capture(lambda: 1, p.new_pool())
+    p = spy_provider(_signature(ipex_graph_without_stream), _signature(ipex_xpugraph),
+                     _signature(ipex_graph_pool_handle))
+    with pytest.raises(TypeError, match="stream"):
+        p.capture(lambda: 1, p.new_pool(), stream="side")
 
 
 def _torch_xpu_graph_api():
@@ -87,12 +89,12 @@ def test_provider_calls_fit_torch_xpu_graph():
     xpu = _torch_xpu_graph_api()
     pool_sig = _signature(getattr(xpu, "graph_pool_handle", ipex_graph_pool_handle))
     _capture_both_ways(spy_provider(_signature(xpu.graph), _signature(xpu.XPUGraph), pool_sig))
-    if "capture_error_mode" not in _signature(xpu.graph).parameters:
-        # the CUDA-only knob the runner sets for `escaped-capture` must never reach torch.xpu.graph
-        p = spy_provider(_signature(xpu.graph), _signature(xpu.XPUGraph), pool_sig,
-                         capture_kwargs={"capture_error_mode": "relaxed"})
-        with pytest.raises(TypeError):
-            p.capture(lambda: 1, p.new_pool())
+    # the CUDA-only knob the runner passes for `escaped-capture` never reaches torch.xpu.graph
+    # (a spy bound to a signature without it would raise TypeError if it did)
+    def no_mode(xpu_graph, pool=None, stream=None):
+        """torch.xpu.graph as if it had no capture_error_mode."""
+    p = spy_provider(_signature(no_mode), _signature(xpu.XPUGraph), pool_sig)
+    assert p.capture(lambda: 1, p.new_pool(), capture_error_mode="relaxed")[1] == 1
 
 
 def test_provider_calls_fit_installed_ipex_graph():
