@@ -33,7 +33,6 @@ not.
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -42,180 +41,16 @@ from pathlib import Path
 import torch
 
 from .errors import BadInput
+from .floor import floor_bytes, routed_experts_used, _MoESpy  # noqa: F401  (public: tests, lockrates)
+from .timing import Clock, copy_bandwidth, kernel_profile  # noqa: F401
+
 
 BENCH_ISLANDS = ("submod0", "gdn_core", "submod1", "moe")
 CHOICES = ("all", "chain") + BENCH_ISLANDS
 MODES = ("full", "piecewise")
-FLUSH_BYTES = 256 << 20
 # Targets of issue 9: the decode chain at batch 1, `full` mode.
 TARGET_FLOOR_RATIO = 5.0  # replay within 5x of the bandwidth floor
 TARGET_SPEEDUP = 10.0  # replay at least 10x faster than eager
-
-
-# --------------------------------------------------------------------------- the floor
-
-
-def nbytes(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.numel() * t.element_size()
-
-
-def linear_bytes(lin) -> int:
-    """A `repro.weights.Linear`: its weight and (W8A8) per-channel scale."""
-    return nbytes(lin.weight) + nbytes(lin.scale)
-
-
-def expert_bytes(experts) -> int:
-    """Bytes of one routed expert (gate/up, down, their scales)."""
-    E = experts.w13.shape[0]
-    return sum(nbytes(t) for t in (experts.w13, experts.w13_scale, experts.w2, experts.w2_scale)) // E
-
-
-def moe_bytes(moe, experts_used: int) -> int:
-    """Router + the experts actually used + shared expert and its gate."""
-    return (nbytes(moe.gate) + experts_used * expert_bytes(moe.experts) + linear_bytes(moe.shared_gate_up)
-            + linear_bytes(moe.shared_down) + nbytes(moe.shared_expert_gate))
-
-
-def state_row_bytes(cache) -> tuple[int, int]:
-    """(conv_state row, ssm_state row) in bytes: what one sequence's decode step reads (and writes)."""
-    return nbytes(cache.conv[0]), nbytes(cache.ssm[0])
-
-
-def floor_bytes(island: str, layer, head, next_norm, cache, batch: int, experts_used: int | None = None) -> int:
-    """Bytes of weights and state one decode step of `batch` rows through `island` reads and writes.
-
-    island: submod0 | gdn_core | submod1 | moe | chain. `cache` is a `StateCache` (gdn_core and
-    chain); `experts_used` the number of distinct routed experts the batch chose (submod1, moe,
-    chain).
-    """
-    g, m = layer.gdn, layer.moe
-    embed_rows = batch * nbytes(head.embed_tokens[0])
-    if island == "submod0":
-        return (embed_rows + nbytes(layer.input_layernorm)
-                + sum(linear_bytes(x) for x in (g.in_proj_qkv, g.in_proj_z, g.in_proj_b, g.in_proj_a)))
-    if island == "gdn_core":
-        conv_row, ssm_row = state_row_bytes(cache)
-        weights = nbytes(g.conv1d_weight) + nbytes(g.A_log) + nbytes(g.dt_bias)
-        return weights + 2 * batch * (conv_row + ssm_row)  # each row read once and written once
-    if island == "submod1":
-        return (nbytes(g.norm_weight) + linear_bytes(g.out_proj) + nbytes(layer.post_attention_layernorm)
-                + moe_bytes(m, experts_used) + nbytes(next_norm))
-    if island == "moe":
-        return embed_rows + nbytes(layer.post_attention_layernorm) + moe_bytes(m, experts_used)
-    if island == "chain":
-        return sum(floor_bytes(i, layer, head, next_norm, cache, batch, experts_used)
-                   for i in ("submod0", "gdn_core", "submod1"))
-    raise BadInput(f"no floor for island {island!r}")
-
-
-def routed_experts_used(moe_weights, x: torch.Tensor, top_k: int) -> int:
-    """Distinct experts the rows of x (the MoE's input) are routed to, by the ops' routing rule."""
-    from kernels.moe.common import router_probs
-    from kernels.moe.vectorized import topk_sorted
-    with torch.inference_mode():
-        _, ids = topk_sorted(router_probs(x, moe_weights.gate), top_k)
-    return int(ids.unique().numel())
-
-
-class _MoESpy:
-    """Stands in for a MoE block for one eager call and keeps the input it was given."""
-
-    def __init__(self, block):
-        self.block, self.x = block, None
-
-    def __call__(self, x):
-        self.x = x.detach().clone()
-        return self.block(x)
-
-
-# --------------------------------------------------------------------------- timing
-
-
-class Clock:
-    """Median time of a call in microseconds (see the module doc)."""
-
-    def __init__(self, device: torch.device, iters: int = 50, warmup: int = 5, flush: bool | None = None):
-        self.device, self.iters, self.warmup = torch.device(device), max(1, iters), max(0, warmup)
-        self.cuda = self.device.type == "cuda"
-        flush = self.cuda if flush is None else flush
-        self.scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=self.device) if flush else None
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
-        elif self.device.type == "xpu":
-            torch.xpu.synchronize(self.device)
-
-    def __call__(self, fn) -> float:
-        for _ in range(self.warmup):
-            fn()
-        self.sync()
-        samples = []
-        for _ in range(self.iters):
-            if self.scratch is not None:
-                self.scratch.zero_()
-            self.sync()
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end) * 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                self.sync()
-                samples.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(samples)
-
-
-def copy_bandwidth(device, nbytes_: int | None = None, iters: int = 20) -> float:
-    """Device copy bandwidth in bytes/s: bytes read + written by `dst.copy_(src)`, median."""
-    device = torch.device(device)
-    if nbytes_ is None:
-        nbytes_ = (1 << 30) if device.type in ("cuda", "xpu") else (64 << 20)
-    src = torch.empty(nbytes_, dtype=torch.uint8, device=device).fill_(1)
-    dst = torch.empty_like(src)
-    clock = Clock(device, iters=iters, warmup=3, flush=False)
-    us = clock(lambda: dst.copy_(src))
-    return 2 * nbytes_ / (us * 1e-6)
-
-
-def kernel_profile(fn, device, replays: int = 20, top: int = 25) -> dict:
-    """What one call of `fn` spends its time in, from torch.profiler over `replays` calls: on a GPU
-    the device kernels (CUPTI sees the kernels a graph replays), on the CPU each op's self time.
-    Rows per distinct name, largest first: calls and microseconds per call of `fn`."""
-    from torch.profiler import ProfilerActivity, profile
-    device = torch.device(device)
-    gpu = device.type in ("cuda", "xpu")
-    acts = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        acts.append(ProfilerActivity.CUDA)
-    elif device.type == "xpu":
-        acts.append(ProfilerActivity.XPU)
-    clock = Clock(device, iters=1, warmup=0, flush=False)
-    fn()
-    clock.sync()
-    with profile(activities=acts) as prof:
-        for _ in range(replays):
-            fn()
-        clock.sync()
-    rows = []
-    for ev in prof.key_averages():
-        us = (getattr(ev, "self_device_time_total", 0) if gpu else ev.self_cpu_time_total)
-        if gpu and getattr(ev, "device_type", None) is not None and ev.device_type.name == "CPU":
-            continue  # host-side op records (their device time is their kernels', counted once below)
-        if us <= 0 and gpu:
-            continue
-        rows.append({"name": ev.key, "calls_per_replay": round(ev.count / replays, 2),
-                     "us_per_replay": round(us / replays, 3)})
-    rows.sort(key=lambda k: -k["us_per_replay"])
-    total = sum(k["us_per_replay"] for k in rows)
-    return {"replays": replays, "what": "device kernels" if gpu else "CPU ops, self time",
-            "total_us_per_replay": round(total, 3), "launches_per_replay": round(sum(k["calls_per_replay"] for k in rows), 1),
-            "kernels": rows[:top] if top else rows,
-            "rest_us_per_replay": round(sum(k["us_per_replay"] for k in rows[top:]) if top else 0.0, 3)}
 
 
 # --------------------------------------------------------------------------- results
@@ -454,9 +289,10 @@ class Bench:
         """The race amplifier's cost (`race.py`): the runner's step with both stream mechanisms on
         and correctly ordered (side-stream replay + event-wait, async copy + sync-output-copy),
         amplified against not; `repair_cost` is their ratio. Tests pay it, serving never does."""
-        from .hazards import options_for
+        from . import hazards as hz
         from .runner import GraphRunner
-        opts = options_for(("side-stream-no-wait", "async-output-copy"), ("event-wait", "sync-output-copy")).runner
+        races = [h for h in hz.planted(mode, True) if h.stream]  # the stream hazards of the chain
+        opts = hz.options_for([h.name for h in races], [h.repairs[0] for h in races]).runner
         t = {}
         for amp in (False, True):
             runner = GraphRunner(self._copy(batch), self.provider, mode=mode, sizes=(batch,),
@@ -487,55 +323,6 @@ def applicable_repairs(mode: str, streams: bool) -> list[str]:
 
 
 # --------------------------------------------------------------------------- CPU tiny rates
-
-
-def tiny_rates(steps: int = 60, examples: int = 20, seed: int = 0) -> dict:
-    """On the CPU tape with the embedded tiny checkpoint: lockstep steps/s per mode (eager and
-    replay copies in lockstep, compared every step) and Hypothesis examples/s at baseline. Runs
-    on the default kernel providers: a `--kernels` selection is for the device, not the CPU."""
-    from kernels import registry
-    with registry.defaults():
-        return _tiny_rates(steps, examples, seed)
-
-
-def _tiny_rates(steps: int, examples: int, seed: int) -> dict:
-    from .graphs import TapeProvider
-    from .hunt import hunt
-    from .islands import Model
-    from .job import Case, default_sequence, run_case
-    from .tiny import default_checkpoint
-
-    provider = TapeProvider("cpu")
-    model = Model(default_checkpoint(), "cpu")
-    seq = default_sequence(seed, steps, vocab=model.cfg.vocab_size)
-    out: dict = {"checkpoint": "tiny (embedded)", "device": "cpu"}
-    for mode in MODES:
-        t0 = time.perf_counter()
-        r = run_case(model, provider, Case("chain", mode), seq)
-        dt = time.perf_counter() - t0
-        out[f"lockstep_{mode}_steps"] = r.steps
-        out[f"lockstep_{mode}_steps_per_s"] = round(r.steps / dt, 2)
-    calls = 0
-
-    def check(s):
-        nonlocal calls
-        calls += 1
-        r = run_case(model, provider, Case("chain", "piecewise"), s)
-        if not r.diverged:
-            return None
-        from .lockstep import Divergence
-        fd = r.first_divergence
-        return Divergence(fd["step"], fd["island"], fd["tensor"], fd["row"], fd["request"], fd["slot"], fd["max_abs"])
-
-    t0 = time.perf_counter()
-    hunt(check, max_examples=examples, profile="ci", vocab=model.cfg.vocab_size)
-    dt = time.perf_counter() - t0
-    out["hypothesis_examples"] = calls
-    out["hypothesis_examples_per_s"] = round(calls / dt, 2)
-    return out
-
-
-# --------------------------------------------------------------------------- driver
 
 
 def parse_batches(spec: str) -> list[int]:
@@ -600,162 +387,6 @@ def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, rep
         res.lockstep_rates = lockstep_rates(model, provider, steps=lockstep_steps, examples=hunt_examples, seed=seed,
                                             log=log)
     if rates:
+        from .lockrates import tiny_rates
         res.tiny_rates = tiny_rates(seed=seed)
     return res
-
-
-def _f(v, fmt="{:.1f}"):
-    return "-" if v is None else fmt.format(v)
-
-
-def format_table(res: BenchResult) -> str:
-    head = ("island", "mode", "B", "repair", "eager us", "replay us", "eager/replay", "floor us", "replay/floor",
-            "repair cost")
-    rows = [head]
-    for r in res.rows:
-        rows.append((r.island, r.mode or "-", str(r.batch), r.repair or "-", _f(r.eager_us), _f(r.replay_us),
-                     _f(r.speedup, "{:.2f}"), _f(r.floor_us, "{:.2f}"), _f(r.floor_ratio, "{:.2f}"),
-                     _f(r.repair_cost, "{:.3f}")))
-    widths = [max(len(x[i]) for x in rows) for i in range(len(head))]
-    lines = ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(x, widths))).rstrip()
-             for x in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append(f"copy bandwidth {res.bandwidth / 1e9:.1f} GB/s (read + write), {res.iters} samples a median, "
-                 f"provider {res.graph_provider} on {res.device}")
-    t = targets(res.rows)["chain_full_b1"]
-    if t:
-        lines.append(f"target chain full B=1: replay/floor {t['replay_over_floor']:.2f} (<= {TARGET_FLOOR_RATIO:g}: "
-                     f"{'met' if t['within_5x_of_floor'] else 'NOT met'}), eager/replay {t['eager_over_replay']:.1f} "
-                     f"(>= {TARGET_SPEEDUP:g}: {'met' if t['replay_10x_faster_than_eager'] else 'NOT met'})")
-    if res.lockstep_rates:
-        from .lockrates import format_rates
-        lines.append(format_rates(res.lockstep_rates))
-    if res.tiny_rates:
-        r = res.tiny_rates
-        lines.append(f"CPU tiny: lockstep {r['lockstep_piecewise_steps_per_s']} steps/s piecewise, "
-                     f"{r['lockstep_full_steps_per_s']} steps/s full; Hypothesis {r['hypothesis_examples_per_s']} "
-                     f"examples/s ({r['hypothesis_examples']} examples)")
-    return "\n".join(lines)
-
-
-def format_profiles(res: BenchResult, top: int = 15) -> str:
-    """The --profile breakdowns of the chain rows, one block each."""
-    out = []
-    for r in res.rows:
-        p = r.profile
-        if not p:
-            continue
-        unit = "ops" if p["what"].startswith("CPU") else "launches"
-        out.append(f"profile chain {r.mode} B={r.batch}: {p['what']}, {p['total_us_per_replay']:.1f} us and "
-                   f"{p['launches_per_replay']:g} {unit} per replay ({p['replays']} replays; replay timed "
-                   f"{r.replay_us:.1f} us)")
-        for k in p["kernels"][:top]:
-            share = k["us_per_replay"] / p["total_us_per_replay"] if p["total_us_per_replay"] else 0.0
-            out.append(f"  {k['us_per_replay']:9.2f} us  {share:6.1%}  x{k['calls_per_replay']:<5g} {k['name'][:90]}")
-    return "\n".join(out)
-
-
-def pyplot():
-    """matplotlib's pyplot on the Agg backend, or BadInput saying how to get it."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise BadInput("--plot needs matplotlib, which is not installed here: pip install matplotlib "
-                       "(or pip install -e '.[plot]'), or leave --plot out") from None
-    return plt
-
-
-def plot(res: BenchResult, path) -> None:
-    """Two panels: replay/eager and replay/floor, one group per island (chain per mode), one bar
-    per batch size."""
-    plt = pyplot()
-    rows = [r for r in res.rows if r.repair is None]
-    groups = []
-    for r in rows:
-        key = r.island if r.mode is None else f"chain {r.mode}"
-        if key not in groups:
-            groups.append(key)
-    batches = sorted({r.batch for r in rows})
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(groups) + 3), 4.2))
-    width = 0.8 / max(1, len(batches))
-    for ax, (title, value) in zip(axes, (("replay / eager (lower is better)", lambda r: r.replay_us / r.eager_us),
-                                         ("replay / bandwidth floor (1 = at the floor)", lambda r: r.floor_ratio))):
-        for j, b in enumerate(batches):
-            xs, ys = [], []
-            for i, gname in enumerate(groups):
-                r = next((r for r in rows if r.batch == b and (r.island if r.mode is None else f"chain {r.mode}") == gname),
-                         None)
-                if r is not None and value(r) is not None:
-                    xs.append(i + (j - (len(batches) - 1) / 2) * width)
-                    ys.append(value(r))
-            ax.bar(xs, ys, width, label=f"B={b}")
-        ax.set_xticks(range(len(groups)))
-        ax.set_xticklabels(groups, rotation=20, ha="right")
-        ax.set_yscale("log")
-        ax.set_title(title, fontsize=10)
-        ax.grid(axis="y", which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"repro bench: {res.device}, {res.graph_provider}", fontsize=10)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def command_line(a) -> str:
-    """The `repro bench` line equivalent to the parsed options (for the JSON and the docs)."""
-    parts = ["repro", "bench", "--device", a.device, "--island", a.island, "--batches", a.batches,
-             "--iters", str(a.iters), "--warmup", str(a.warmup)]
-    parts += ["--model", str(a.model)] if a.model else ["--preset", a.preset]
-    for flag, v in (("--mode", a.mode), ("--kernels", a.kernels), ("--json", a.json), ("--plot", a.plot)):
-        if v:
-            parts += [flag, str(v)]
-    parts += [f for f, on in (("--no-repairs", a.no_repairs), ("--no-tiny-rates", a.no_tiny_rates)) if on]
-    if a.profile:
-        parts += ["--profile", str(a.profile)]
-    if getattr(a, "lockstep_rates", False):
-        parts += ["--lockstep-rates", "--lockstep-steps", str(a.lockstep_steps), "--hunt-examples",
-                  str(a.hunt_examples)]
-    return " ".join(parts)
-
-
-def bench_cli(a) -> int:
-    from kernels import registry
-
-    from .graphs import make_provider
-    if a.island not in CHOICES:
-        raise BadInput(f"unknown island {a.island!r} for bench (choose from {', '.join(CHOICES)})")
-    batches = parse_batches(a.batches)
-    if a.plot:
-        pyplot()  # fail before the work, not after
-    with registry.using(**registry.parse(a.kernels or "")):
-        return _bench(a, batches)
-
-
-def _bench(a, batches) -> int:
-    from .graphs import make_provider
-    provider = make_provider(a.device)
-    path = Path(a.model) if a.model else checkpoint_for(a.preset, provider.device)
-    modes = (a.mode,) if a.mode else MODES
-    islands = BENCH_ISLANDS if a.island == "all" else ((a.island,) if a.island in BENCH_ISLANDS else ())
-    chain = a.island in ("all", "chain")
-    log = (lambda s: print(s, file=sys.stderr, flush=True)) if not a.quiet else None
-    res = run_bench(path, provider, islands=islands, chain=chain, repairs=chain and not a.no_repairs,
-                    batches=batches, modes=modes, iters=a.iters, warmup=a.warmup, seed=a.seed,
-                    rates=not a.no_tiny_rates, log=log, profile=a.profile,
-                    lockstep_steps=a.lockstep_steps if a.lockstep_rates else 0, hunt_examples=a.hunt_examples)
-    print(format_table(res))
-    if a.profile:
-        print(format_profiles(res))
-    if a.json:
-        from .io import write_json as _write_json
-        doc = res.to_json()
-        doc["command"] = command_line(a)
-        doc["preset"] = None if a.model else a.preset
-        _write_json(a.json, doc)
-    if a.plot:
-        plot(res, a.plot)
-        print(f"wrote {a.plot}")
-    return 0

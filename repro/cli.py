@@ -236,7 +236,7 @@ def _hunt(a) -> int:
 def _bench(a) -> int:
     check_output_file(a.json, "--json")
     check_output_file(a.plot, "--plot")
-    from .bench import bench_cli
+    from .bench_cli import bench_cli
     return bench_cli(a)
 
 

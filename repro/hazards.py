@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import Refused
+from .graphs.lint import UNDECLARED
 from .options import MODES, HostCopy, Options, Pad, apply, validate
 
 CHAIN_ISLANDS = ("chain", "submod0", "gdn_core", "submod1")
@@ -75,7 +76,7 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            standalone=True, cases="PyTorch 114844, vLLM 51928"),
     Hazard("undeclared-mutation", "the GDN decode op writes ssm_state but its schema declares no mutation",
            ("declare",), {"island.undeclared_decode": True}, detected_as="finding",
-           finding="undeclared-mutation", cases="torch.library.opcheck"),
+           finding=UNDECLARED, cases="torch.library.opcheck"),
     Hazard("side-stream-no-wait", "replay on a side stream, consumer on the main stream without an event",
            ("event-wait",), {"runner.side_stream": True}, device_only=True, stream=True),
     Hazard("async-output-copy", "a non-blocking device-to-host copy of outputs is read before it lands",

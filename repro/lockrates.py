@@ -103,3 +103,56 @@ def format_rates(r: dict) -> str:
     if "hunt" in r:
         lines.append(f"hunt: {r['hunt']['examples_per_s']} examples/s ({r['hunt']['examples']} examples)")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- CPU tiny rates
+
+
+def tiny_rates(steps: int = 60, examples: int = 20, seed: int = 0) -> dict:
+    """On the CPU tape with the embedded tiny checkpoint: lockstep steps/s per mode (eager and
+    replay copies in lockstep, compared every step) and Hypothesis examples/s at baseline. Runs
+    on the default kernel providers: a `--kernels` selection is for the device, not the CPU."""
+    from kernels import registry
+    with registry.defaults():
+        return _tiny_rates(steps, examples, seed)
+
+
+def _tiny_rates(steps: int, examples: int, seed: int) -> dict:
+    from .options import MODES
+    from .graphs import TapeProvider
+    from .hunt import hunt
+    from .islands import Model
+    from .job import Case, default_sequence, run_case
+    from .tiny import default_checkpoint
+
+    provider = TapeProvider("cpu")
+    model = Model(default_checkpoint(), "cpu")
+    seq = default_sequence(seed, steps, vocab=model.cfg.vocab_size)
+    out: dict = {"checkpoint": "tiny (embedded)", "device": "cpu"}
+    for mode in MODES:
+        t0 = time.perf_counter()
+        r = run_case(model, provider, Case("chain", mode), seq)
+        dt = time.perf_counter() - t0
+        out[f"lockstep_{mode}_steps"] = r.steps
+        out[f"lockstep_{mode}_steps_per_s"] = round(r.steps / dt, 2)
+    calls = 0
+
+    def check(s):
+        nonlocal calls
+        calls += 1
+        r = run_case(model, provider, Case("chain", "piecewise"), s)
+        if not r.diverged:
+            return None
+        from .lockstep import Divergence
+        fd = r.first_divergence
+        return Divergence(fd["step"], fd["island"], fd["tensor"], fd["row"], fd["request"], fd["slot"], fd["max_abs"])
+
+    t0 = time.perf_counter()
+    hunt(check, max_examples=examples, profile="ci", vocab=model.cfg.vocab_size)
+    dt = time.perf_counter() - t0
+    out["hypothesis_examples"] = calls
+    out["hypothesis_examples_per_s"] = round(calls / dt, 2)
+    return out
+
+
+# --------------------------------------------------------------------------- driver

@@ -30,6 +30,7 @@ import time
 
 import torch
 
+from .finding import Finding
 from .options import RunnerOptions
 
 DELAY_US = RunnerOptions.amplify_us  # far above the host's issue-to-read time (tens of microseconds)
@@ -114,3 +115,100 @@ def _busy_rate(device: torch.device):
         mod.synchronize(device)
         _rates[key] = (scratch, max(1.0, (time.perf_counter() - t0) * 1e6 / _BUSY_CAL_OPS))
     return _rates[key]
+
+
+class RaceLog:
+    """What the race amplifier forced for one racing pair (`race.py`): the steps it amplified, the
+    steps whose early read held the poison (a wrong value produced by the race), and the first
+    of them. Hits are counted on the host (a host read) or on the device (`hit_device`, a flag
+    the consumer's stream computes: no synchronisation per step; read when the finding is made)."""
+
+    def __init__(self, what: str, how: str):
+        self.what, self.how = what, how  # the interleaving forced; how it was amplified
+        self.steps = 0
+        self.hits = 0
+        self.first: int | None = None
+        self._dev = None  # (hits, first) as device tensors
+
+    def hit(self, step: int, poisoned: bool) -> None:
+        self.steps += 1
+        if poisoned:
+            self.hits += 1
+            if self.first is None:
+                self.first = step
+
+    def hit_device(self, step: int, flag: torch.Tensor) -> None:
+        self.steps += 1
+        if self._dev is None:
+            self._dev = (torch.zeros((), dtype=torch.long, device=flag.device),
+                         torch.full((), -1, dtype=torch.long, device=flag.device))
+        hits, first = self._dev
+        first.masked_fill_(flag & (first < 0), step)
+        hits.add_(flag.long())
+
+    def _settle(self) -> None:
+        if self._dev is not None:
+            hits, first = (int(t.item()) for t in self._dev)
+            self._dev = None
+            self.hits += hits
+            if first >= 0 and self.first is None:
+                self.first = first
+
+    def finding(self) -> Finding | None:
+        """A "race" finding once a read held the poison (None before, or when none did)."""
+        self._settle()
+        if not self.hits:
+            return None
+        return Finding("race", "runner", f"forced: {self.what}; amplified: {self.how}; the read held the poison "
+                       f"at {self.hits} of {self.steps} amplified steps, first at step {self.first}")
+
+
+class HostReadback:
+    """The host's read of the last piece's outputs through one reused pinned buffer per output
+    and shape: a non-blocking device-to-host copy, a synchronize when `synced`, then the host
+    reads (a CPU clone is not ordered after the copy). With `amplify` each buffer is poisoned
+    before the copy and the copy's stream is delayed by `delay_us` of device work, so an
+    unsynchronised read sees the poison on every step; `log` counts the reads that did.
+
+    Before poisoning, the host waits for the previous read's copies (an earlier step's, into the
+    same buffers), so a late copy from step k-1 cannot land over step k's poison; it orders
+    nothing of step k's own race."""
+
+    def __init__(self, provider, synced: bool, amplify: bool = True, delay_us: float = 5000):
+        self.provider, self.synced, self.amplify, self.delay_us = provider, synced, amplify, delay_us
+        self.buffers: dict = {}
+        self.log = RaceLog("the host read the pinned output buffers before the device-to-host copy landed",
+                           f"pinned buffers poisoned with NaN (integers: their minimum) before each copy, the "
+                           f"copy's stream delayed {delay_us:g} us by device work queued before it")
+        self._last = None  # event recorded after the previous read's copies
+
+    def _buffer(self, k: str, v: torch.Tensor) -> torch.Tensor:
+        key = (k, tuple(v.shape), v.dtype)
+        if key not in self.buffers:
+            self.buffers[key] = torch.empty(v.shape, dtype=v.dtype, pin_memory=self.provider.device.type != "cpu")
+        return self.buffers[key]
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """The device-to-host copy (a test's provider may land it late)."""
+        dst.copy_(src, non_blocking=True)
+
+    def read(self, out: dict, step: int = -1) -> dict:
+        p = self.provider
+        host = {k: self._buffer(k, v) for k, v in out.items()}
+        if self.amplify:
+            if self._last is not None:
+                self._last.synchronize()
+            for b in host.values():
+                poison_(b)
+            device_delay(p.device, self.delay_us)
+        for k, v in out.items():
+            self.copy(host[k], v)
+        if self.amplify:
+            self._last = p.new_event()
+            self._last.record()
+        if self.synced:
+            p.synchronize()
+        snap = {k: v.clone() for k, v in host.items()}  # the host's read
+        if self.amplify:
+            self.log.hit(step, any(bool(is_poison(v).any()) for v in snap.values()))
+        return {k: v.to(out[k].device) for k, v in snap.items()}

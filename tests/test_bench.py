@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from repro import bench
+from repro import bench, bench_cli, lockrates
 from repro.cli import main
 from repro.islands import Model
 
@@ -79,7 +79,7 @@ def test_bench_rows_targets_and_table(model):
     assert chain["floor_us"] > 0 and chain["replay_over_floor"] == pytest.approx(chain["replay_us"] / chain["floor_us"], rel=1e-2)
     t = doc["targets"]["chain_full_b1"]
     assert set(t) >= {"within_5x_of_floor", "replay_10x_faster_than_eager"}
-    table = bench.format_table(res)
+    table = bench_cli.format_table(res)
     assert "replay/floor" in table and "target chain full B=1" in table
 
 
@@ -128,7 +128,7 @@ def test_bad_input_exits_2(argv, message, tiny_path, capsys):
 
 
 def test_tiny_rates_structure():
-    r = bench.tiny_rates(steps=12, examples=2)
+    r = lockrates.tiny_rates(steps=12, examples=2)
     assert r["lockstep_piecewise_steps"] > 0 and r["lockstep_full_steps"] > 0
     assert r["lockstep_piecewise_steps_per_s"] > 0 and r["hypothesis_examples"] >= 1
     assert r["hypothesis_examples_per_s"] > 0
@@ -155,7 +155,7 @@ def test_kernel_profile_of_a_chain_replay_on_cpu(model):
     assert times == sorted(times, reverse=True) and all(t >= 0 for t in times)
     assert prof["total_us_per_replay"] == pytest.approx(sum(times) + prof["rest_us_per_replay"], rel=1e-3)
     assert all(k["calls_per_replay"] > 0 for k in prof["kernels"])
-    assert "profile chain full B=1" in bench.format_profiles(res)
+    assert "profile chain full B=1" in bench_cli.format_profiles(res)
     assert res.to_json()["results"][0]["profile"]["replays"] == 3
 
 

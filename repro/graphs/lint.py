@@ -31,6 +31,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+UNDECLARED = "undeclared-mutation"  # the finding kind: an op writes what its schema does not declare
+
 _KERNEL_NAMESPACES = ("aten", "prim", "prims")
 
 
@@ -175,7 +177,7 @@ class Lint(TorchDispatchMode):
                     detail = (f"{func} writes bytes {_ranges(changed & ~inside)} of `{name}`'s storage, outside "
                               f"its view (bytes {_ranges(_view_bytes(t, live.numel()))}): a neighbouring buffer "
                               "its schema does not name")
-                self.problems.append(("undeclared-mutation", detail))
+                self.problems.append((UNDECLARED, detail))
 
 
 def lint_call(island: str, declared: dict[str, torch.Tensor], fn):
