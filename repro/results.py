@@ -170,7 +170,8 @@ def _finding_cell(r: CaseResult) -> str:
         return ""
     text = f"{r.findings[0]['kind']}: {r.findings[0]['detail']}"
     if len(text) > FINDING_WIDTH:
-        text = text[:FINDING_WIDTH].rsplit(" ", 1)[0] + " ..."
+        cut = text[:FINDING_WIDTH].rsplit(" ", 1)[0]
+        text = (cut if len(cut) > FINDING_WIDTH // 2 else text[:FINDING_WIDTH]) + " ..."  # a word, unless one fills it
     more = f" (+{len(r.findings) - 1} more)" if len(r.findings) > 1 else ""
     return ("note: " if verdict(r) == "ok" else "") + text + more
 
