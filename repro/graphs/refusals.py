@@ -36,6 +36,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from ..errors import BadInput
+from .lint import _tensors
 
 aten = torch.ops.aten
 
@@ -101,14 +102,6 @@ def capture_refusal(exc: BaseException | None) -> str | None:
         found = kind or found
         exc = exc.__cause__ or exc.__context__
     return found
-
-
-def _tensors(x):
-    if isinstance(x, torch.Tensor):
-        yield x
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            yield from _tensors(y)
 
 
 def _has_mask(indices) -> bool:
