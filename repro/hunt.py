@@ -210,6 +210,30 @@ def cut_after(minimal: dict, step) -> dict:
     return {**minimal, "steps": minimal["steps"][: step + 1]}
 
 
+HUNT_LINE_EVERY = 10  # without a terminal: one stderr line per this many sequences tried
+
+
+def progress_of_hunt(label: str, total: int):
+    """A callback for each sequence tried: a bar on a terminal, else a line every HUNT_LINE_EVERY
+    (shrinking tries more sequences than `total`: the count goes on past it)."""
+    import sys
+
+    from .progress import for_cases
+    p = for_cases(1)
+    draw = p.start(label)
+    count = [0]
+
+    def tried():
+        count[0] += 1
+        if draw is not None:
+            draw(min(count[0], total), total)
+        elif count[0] % HUNT_LINE_EVERY == 0:
+            print(f"repro: {label}: {count[0]} sequences tried ({total} to search, then shrinking)",
+                  file=sys.stderr, flush=True)
+    tried.clear = p.clear
+    return tried
+
+
 def hunt_cli(o: HuntOptions) -> tuple[int, dict | None]:
     """`repro hunt`: search, shrink, cut after the divergence, save (the island in the name), and
     print a replay line that keeps every option the run needs. Returns (exit code, result doc):
@@ -233,7 +257,11 @@ def hunt_cli(o: HuntOptions) -> tuple[int, dict | None]:
     model = Model(o.checkpoint, provider.device, o.layer, island="moe" if o.island == "moe" else "submod0")
     case = Case(o.island, mode, tuple(o.hazards), tuple(o.repairs))
 
+    tried = progress_of_hunt(f"hunt {o.island} {mode} {','.join(o.hazards) or 'baseline'}",
+                             example_count(o.max_examples, o.profile))
+
     def check(seq):
+        tried()
         r = run_case(model, provider, case, seq, sentinel=o.sentinel)
         if r.diverged:
             from .lockstep import Divergence
@@ -245,7 +273,10 @@ def hunt_cli(o: HuntOptions) -> tuple[int, dict | None]:
         return None
 
     space = space_for(DEFAULT_SIZES)
-    seq, div = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, **space)
+    try:
+        seq, div = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, **space)
+    finally:
+        tried.clear()
     what = f"{', '.join(o.hazards) or 'baseline'}, {o.island}, {mode}"
     if seq is None:
         print(f"nothing found ({what})")

@@ -28,3 +28,21 @@ def test_a_finding_on_a_clean_row_is_a_note_cut_at_a_word():
     cell = row[row.index("note: "):row.index(" (+1 more)")]
     assert cell.endswith(" ...") and len(cell) <= len("note: ") + FINDING_WIDTH + 4
     assert cell[:-4].split()[-1] in detail.split()  # cut between words, never inside one
+
+
+def test_a_hunt_says_how_far_it_is_without_a_terminal(capsys):
+    from repro.hunt import HUNT_LINE_EVERY, progress_of_hunt
+    tried = progress_of_hunt("hunt chain full stale-pad", 25)
+    for _ in range(2 * HUNT_LINE_EVERY + 3):
+        tried()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and lines[-1].startswith("repro: hunt chain full stale-pad: 20 sequences tried")
+
+
+def test_a_forced_comm_heartbeat_says_where_each_rank_is(tmp_path):
+    import json
+
+    from repro.comm.supervisor import _heartbeat
+    (tmp_path / "progress.0.json").write_text(json.dumps({"rank": 0, "case": 2, "index": 7, "phase": "replay"}))
+    line = _heartbeat(str(tmp_path), 2, 0.0)
+    assert "rank 0: case 2 step 7 replay" in line and "rank 1: case - step - starting" in line

@@ -155,7 +155,7 @@ def run_forced_comm(checkpoint=None, tp: int = 2, device: str = "cpu", hazards=(
                 p = ctx.Process(target=_rank_main, args=(r, spec), name=f"forced_comm-rank{r}", daemon=True)
                 p.start()
                 procs.append(p)
-        status = _watch(procs, t0 + timeout)
+        status = _watch(procs, t0 + timeout, outdir)
         info = _collect(outdir, procs, status, cases, spec, time.monotonic() - t0, timeout)
     finally:
         leftover = _reap(procs)
@@ -187,12 +187,29 @@ def _main_not_reimported():
             setattr(main, k, v)
 
 
-def _watch(procs, deadline: float) -> dict:
-    """Wait for every rank; after the first failure give the others GRACE_S, at the deadline stop."""
+HEARTBEAT_S = 10.0  # a line on stderr this often while ranks run: a hung rank is never silent
+
+
+def _heartbeat(outdir: str, n: int, t0: float) -> str:
+    """Where each rank is (its progress file): case, step index and phase."""
+    where = []
+    for r in range(n):
+        st = _read_json(os.path.join(outdir, f"progress.{r}.json")) or {}
+        where.append(f"rank {r}: case {st.get('case', '-')} step {st.get('index', '-')} {st.get('phase', 'starting')}")
+    return f"repro: forced_comm: {time.monotonic() - t0:.0f} s; " + "; ".join(where)
+
+
+def _watch(procs, deadline: float, outdir: str | None = None) -> dict:
+    """Wait for every rank; after the first failure give the others GRACE_S, at the deadline stop.
+    With `outdir`, say where the ranks are every HEARTBEAT_S on stderr."""
     exit_at: dict[int, float] = {}
     grace_until = None
+    start = last = time.monotonic()
     while True:
         now = time.monotonic()
+        if outdir is not None and now - last >= HEARTBEAT_S:
+            last = now
+            print(_heartbeat(outdir, len(procs), start), file=sys.stderr, flush=True)
         for r, p in enumerate(procs):
             if r not in exit_at and p.exitcode is not None:
                 exit_at[r] = now
