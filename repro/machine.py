@@ -8,8 +8,6 @@ a side stream with an event wait. Shrinking turns a long failing run into a shor
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -100,13 +98,12 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
 
         @rule(size=st.sampled_from(DEFAULT_SIZES))
         def recapture(self, size):
-            self.ls.graph.captured.pop(size, None)
+            self.ls.graph.forget(size)
 
         @precondition(lambda self: provider.supports_streams)
         @rule()
         def consumer_on_side_stream(self):
-            g = self.ls.graph
-            g.opts = replace(g.opts, side_stream=True, event_wait=True)
+            self.ls.graph.set_options(side_stream=True, event_wait=True)
 
         @invariant()
         def replay_equals_eager(self):

@@ -12,7 +12,7 @@ FULL_DECODE_ONLY does). Hazards and repairs change exactly one mechanism each
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -324,6 +324,14 @@ class GraphRunner:
         caught on some runs only. Zeroed after graph 0, before the splitting op writes its rows,
         a run is a pure function of its seed. (Additive hook owned by the oracle branch.)"""
         o0["core_out"][:size].zero_()
+
+    def set_options(self, **changes) -> None:
+        """Change runner options between steps (a scheduler moving the consumer to another stream)."""
+        self.opts = replace(self.opts, **changes)
+
+    def forget(self, size: int) -> None:
+        """Drop the graphs of one capture size: the next step of that size captures it again."""
+        self.captured.pop(size, None)
 
     def replayer(self, batch: StepBatch):
         """A callable that replays this batch's captured size as a step would, without refilling
