@@ -105,3 +105,17 @@ class IslandRunner:
             if callable(reset):
                 reset()
         self.graphs.clear()
+
+
+class OverIslandRunner:
+    """A runner built on an `IslandRunner` (`self.runner`): its replay and capture counts."""
+
+    runner: IslandRunner
+
+    @property
+    def replays(self) -> int:
+        return self.runner.replays
+
+    @property
+    def captures(self) -> int:
+        return self.runner.captures

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .batch import StepBatch
-from .capture import DEFAULT_SIZES, Graph, IslandRunner, Piece, pad_size
+from .capture import DEFAULT_SIZES, Graph, IslandRunner, OverIslandRunner, Piece, pad_size
 from .graphs.lint import Lint
 from .islands.gdn import GDNMeta, Submod0, Submod1
 from .islands.layer import LayerCopy, collect
@@ -413,7 +413,7 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + max(t.numel(), 1) * t.element_size()
 
 
-class PieceRunner:
+class PieceRunner(OverIslandRunner):
     """One island as one graph per padded size (the `moe` island): `capture.IslandRunner` with its
     outputs' live rows copied out before the next replay."""
 
@@ -421,14 +421,6 @@ class PieceRunner:
         self.island = island
         self.runner = IslandRunner(lambda ids: island(input_ids=ids), provider, sizes, max_tokens)
         self.findings: list[Finding] = []
-
-    @property
-    def replays(self) -> int:
-        return self.runner.replays
-
-    @property
-    def captures(self) -> int:
-        return self.runner.captures
 
     def step(self, token_ids: list[int]) -> dict[str, torch.Tensor]:
         out, n = self.runner.run(token_ids)

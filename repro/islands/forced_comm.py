@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..capture import DEFAULT_SIZES, IslandRunner
+from ..capture import DEFAULT_SIZES, IslandRunner, OverIslandRunner
 from ..errors import BadInput
 from ..race import poison_
 from ..weights import Linear, MoEWeights
@@ -319,7 +319,7 @@ class ForcedComm(Island):
         return {"out": self.finish(self.piece(input_ids), input_ids.shape[0]).wait()}
 
 
-class SliceRunner:
+class SliceRunner(OverIslandRunner):
     """The replay copy's runner: `capture.IslandRunner` over the slice's piece, with the
     communicator's capturing flag raised during each capture (the warm-up's collectives run on
     every rank at the same step). Batches above the largest size run eagerly. `launch` returns a
@@ -328,14 +328,6 @@ class SliceRunner:
     def __init__(self, island: ForcedComm, provider, sizes=DEFAULT_SIZES, max_tokens: int = 64):
         self.island = island
         self.runner = IslandRunner(island.piece, provider, sizes, max_tokens, around=island.comm.capture)
-
-    @property
-    def replays(self) -> int:
-        return self.runner.replays
-
-    @property
-    def captures(self) -> int:
-        return self.runner.captures
 
     def launch(self, token_ids) -> Done | PendingAllReduce:
         out, n = self.runner.run(token_ids)
