@@ -138,6 +138,8 @@ def _run(a) -> int:
     cases = plan(a.island, a.mode, a.hazard, a.repair, provider.supports_streams)
     path = _model_path(a.model)
     model = Model(path, provider.device, a.layer, island="moe" if a.island == "moe" else "submod0")
+    for flag in model.ckpt.stats.flags:  # loadable but suspicious (e.g. zero weight scales)
+        print(f"repro: warning: {path}: {flag}", file=sys.stderr)
     if seq is not None:
         seq.check_fits(model.cfg.vocab_size, kernel_sentinel(a.hazard, a.sentinel), f"--sequence {a.sequence}")
     else:

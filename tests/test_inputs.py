@@ -212,3 +212,30 @@ def test_a_detection_with_hazard_exits_1_and_says_what(tiny_path, capsys):
                "--steps", "24"])
     err = capsys.readouterr().err
     assert rc == 1 and "detected" in err and "gdn_core" in err
+
+
+def _scale_name(tensors: dict) -> str:
+    return next(k for k in sorted(tensors) if k.endswith("in_proj_z.weight_scale"))
+
+
+def test_negative_weight_scales_are_refused(tiny_path, tmp_path, capsys):
+    d = _copy(tiny_path, tmp_path)
+    f = d / "model.safetensors"
+    t = load_file(str(f))
+    name = _scale_name(t)
+    t[name][0] = -t[name][0]
+    save_file(t, str(f), metadata={"format": "pt"})
+    _one_line_exit_2(capsys, _run(str(d), "--steps", "2"), name, "negative")
+
+
+def test_zero_weight_scales_are_flagged_not_refused(tiny_path, tmp_path, capsys):
+    from repro.cli import main
+    d = _copy(tiny_path, tmp_path)
+    f = d / "model.safetensors"
+    t = load_file(str(f))
+    name = _scale_name(t)
+    t[name][0] = 0
+    save_file(t, str(f), metadata={"format": "pt"})
+    rc = main(_run(str(d), "--steps", "2"))
+    err = capsys.readouterr().err
+    assert rc == 0 and f"{name}: 1 zero scale(s)" in err and "warning" in err

@@ -53,9 +53,10 @@ class ReadStats:
     tensors_read: int = 0
     bytes_read: int = 0
     names_read: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)  # suspicious but loadable (e.g. zero scales)
 
     def reset(self) -> None:
-        self.tensors_read, self.bytes_read, self.names_read = 0, 0, []
+        self.tensors_read, self.bytes_read, self.names_read, self.flags = 0, 0, [], []
 
 
 def shard_files(path: Path) -> tuple[dict[str, str] | None, list[Path]]:
@@ -181,6 +182,14 @@ class _Reader:
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"{info.file}: tensor {name} holds NaN or infinite values")
         st = self.ckpt.stats
+        if name.endswith(".weight_scale") and t.numel():
+            # A negative per-channel scale has no meaning in Quark's symmetric int8; a zero one
+            # zeroes its output channel (possible only for an all-zero weight row): flagged.
+            if bool((t < 0).any()):
+                raise CheckpointError(f"{info.file}: tensor {name} has negative scales (symmetric int8 needs > 0)")
+            zeros = int((t == 0).sum())
+            if zeros:
+                st.flags.append(f"{name}: {zeros} zero scale(s): those output channels are always 0")
         st.tensors_read += 1
         st.bytes_read += t.numel() * t.element_size()
         st.names_read.append(name)
