@@ -101,7 +101,7 @@ def test_multi_rank_rows_go_through_the_shared_verdict_table_and_exit_code():
     from repro.results import exit_code as shared_exit_code
     hit = MultiRankResult(CommCase(("comm-noop-capture",)), 1, rank_divergence(0, 0, "forced_comm", "out", 0, 1, 2.0),
                           eager_us=10.0, ranks_diverged=[1])
-    clean = MultiRankResult(CommCase(), 3, None, eager_us=10.0, replay_us=15.0, captures=2, replays=1,
+    clean = MultiRankResult(CommCase(), 12, None, eager_us=10.0, replay_us=15.0, captures=2, replays=1,
                             collectives_in_graphs=2)
     missed = MultiRankResult(CommCase(("allreduce-no-clone",)), 3, None)
     run = {"tp": 2, "backend": "gloo", "device": "cpu", "graph_provider": "cpu-tape", "comm_dtype": "auto",
