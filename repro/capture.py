@@ -105,6 +105,7 @@ class IslandRunner:
             if callable(reset):
                 reset()
         self.graphs.clear()
+        self.piece.pool = self.provider.new_pool("shared")  # the old one's graphs are all released
 
 
 class OverIslandRunner:

@@ -330,8 +330,12 @@ class GraphRunner:
         self.opts = replace(self.opts, **changes)
 
     def forget(self, size: int) -> None:
-        """Drop the graphs of one capture size: the next step of that size captures it again."""
+        """Drop the graphs of one capture size: the next step of that size captures it again. With
+        no graph left the pool is replaced: a capture into a pool whose every graph was released
+        fails CUDA's allocator assert (`graphs.refusals.RELEASED_POOL_PHRASE`)."""
         self.captured.pop(size, None)
+        if not self.captured:
+            self.pool = self.provider.new_pool("shared")
 
     def replayer(self, batch: StepBatch):
         """A callable that replays this batch's captured size as a step would, without refilling

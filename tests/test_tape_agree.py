@@ -192,3 +192,50 @@ def test_an_op_returning_its_workspace_keeps_the_alias(provider):
         torch.ops.repro_tape_test.into_workspace(torch.full_like(x, 5.0))  # eager, same shape
     provider.synchronize()
     assert torch.equal(out, torch.full_like(x, 10.0))  # the graph's output changed without a replay
+
+
+def test_a_pool_whose_graphs_were_all_released_refuses_a_capture(provider):
+    """CUDA's allocator asserts `use_count > 0` when a capture asks for a pool id whose every graph
+    was released while its memory is still in use (a held output here); the tape refuses the same
+    capture with the same kind, and a new pool captures on both. The GPU suite found this in the
+    runner (`forget` of the only captured size, then a capture into the old pool)."""
+    x = torch.ones(8, device=provider.device)
+    pool = provider.new_pool()
+    g, held = _capture_into(provider, pool, lambda: x * 2)
+    del g  # the pool's only graph
+    with pytest.raises(RuntimeError) as err:
+        _capture_into(provider, pool, lambda: x * 3)
+    assert capture_refusal(err.value) == "released-pool", err.value
+    g2, out = _capture_into(provider, provider.new_pool(), lambda: x * 3)  # the stream was given back
+    _replay(provider, g2)
+    assert torch.equal(out, x * 3) and torch.equal(held, x * 2)
+
+
+def _capture_into(provider, pool, fn):
+    with torch.inference_mode():
+        fn()
+        provider.synchronize()
+        return provider.capture(fn, pool)
+
+
+@pytest.mark.parametrize("mode", ["piecewise", "full"])
+def test_the_runner_recaptures_after_forgetting_every_size(provider, tiny_path, mode):
+    """`forget` of every captured size, then steps again (the state machine's `recapture` rule):
+    the runner takes a new pool, so the captures succeed and replay still equals eager."""
+    from repro.islands import Model
+    from repro.job import default_sequence
+    from repro.lockstep import Lockstep
+    from repro.options import Options
+
+    seq = default_sequence(seed=3, steps=12)
+    model = Model(tiny_path, provider.device)
+    ls = Lockstep(lambda o: model.copy(o, num_slots=seq.num_slots), provider, mode, Options(),
+                  max_tokens=seq.max_tokens)
+    for i, b in enumerate(seq.batches()):
+        if i in (4, 8):
+            for size in list(ls.graph.captured):
+                ls.graph.forget(size)
+            assert not ls.graph.captured
+        div = ls.step(b)
+        assert div is None, div.line()
+    assert ls.graph.captures > len(ls.graph.captured)  # it did capture again

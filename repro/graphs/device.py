@@ -86,7 +86,13 @@ class DeviceGraphProvider:
         if stream is not None:
             kw["stream"] = stream
         ctx = self._graph_ctx(graph, **kw)
-        ctx.__enter__()
+        try:
+            ctx.__enter__()
+        except BaseException:  # capture_begin refused (e.g. a released pool): its stream is current
+            stream_ctx = getattr(ctx, "stream_ctx", None)
+            if stream_ctx is not None:
+                stream_ctx.__exit__(None, None, None)
+            raise
         try:
             out = fn()
         except BaseException:

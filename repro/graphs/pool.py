@@ -42,6 +42,19 @@ class Arena:
         self.live: dict[tuple[int, int], int] = {}  # (segment, offset) -> nbytes
         self.reused = 0  # blocks handed out over bytes an earlier block had used
         self._ever: set[tuple[int, int, int]] = set()
+        # Graphs captured into this arena and still alive. When the last one goes, the arena is
+        # `released`: CUDA's allocator asserts `use_count > 0` on a capture into such a pool while
+        # any of its memory is in use, and the tape refuses every such capture (stricter than CUDA
+        # only where the allocator had found the whole pool free; a runner takes a new pool).
+        self.users = 0
+        self.released = False
+
+    def add_user(self) -> None:
+        self.users += 1
+
+    def drop_user(self) -> None:
+        self.users -= 1
+        self.released = self.users == 0
 
     def _new_segment(self, nbytes: int) -> int:
         size = max(SEGMENT, -(-nbytes // ALIGN) * ALIGN)

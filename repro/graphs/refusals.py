@@ -43,8 +43,12 @@ aten = torch.ops.aten
 SYNC_PHRASE = "operation not permitted when stream is capturing"
 HOST_COPY_PHRASE = ("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU "
                     "tensor is pinned")
+# CUDACachingAllocator's internal assert on a capture into a pool id whose graphs were all released
+# while its memory is still in use (torch 2.11: CUDACachingAllocator.cpp:2799).
+RELEASED_POOL_PHRASE = "use_count > 0"
 # Substrings of a device's capture failures, most specific first (see `capture_refusal`).
 _PHRASES = (
+    ("released-pool", RELEASED_POOL_PHRASE),
     ("host-copy", "cannot copy between cpu and"),
     ("sync", SYNC_PHRASE),
     ("sync", "cudaerrorstreamcaptureunsupported"),
@@ -79,17 +83,21 @@ _COPIES = {aten.copy_.default, aten._copy_from.default, aten._to_copy.default}
 
 
 class CaptureError(BadInput, RuntimeError):
-    """An op a device graph cannot capture. `kind`: "sync" or "host-copy"."""
+    """What a device graph cannot capture. `kind`: "sync", "host-copy" or "released-pool"."""
 
     def __init__(self, kind: str, what: str, why: str):
-        phrase = SYNC_PHRASE if kind == "sync" else HOST_COPY_PHRASE
-        cuda = "cudaErrorStreamCaptureUnsupported" if kind == "sync" else "a pageable host copy"
-        super().__init__(f"{phrase} ({cuda} on CUDA): {what} inside a captured piece: {why}")
+        phrase, cuda = {
+            "sync": (SYNC_PHRASE, "cudaErrorStreamCaptureUnsupported"),
+            "host-copy": (HOST_COPY_PHRASE, "a pageable host copy"),
+            "released-pool": (RELEASED_POOL_PHRASE, "CUDACachingAllocator's internal assert"),
+        }[kind]
+        where = "" if kind == "released-pool" else " inside a captured piece"
+        super().__init__(f"{phrase} ({cuda} on CUDA): {what}{where}: {why}")
         self.kind = kind
 
 
 def capture_refusal(exc: BaseException | None) -> str | None:
-    """"sync", "host-copy" or None: what kind of capture failure `exc` is, on the tape or on CUDA.
+    """"sync", "host-copy", "released-pool" or None: what kind of capture failure `exc` is, on the tape or on CUDA.
     The chain is walked (`__cause__`, `__context__`) and the innermost recognised cause wins: CUDA
     reports the invalidated capture last, the refused operation first."""
     found, seen = None, set()

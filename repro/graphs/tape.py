@@ -26,6 +26,7 @@ custom-op bodies included). The tape does not model streams.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from itertools import groupby
@@ -207,7 +208,12 @@ class TapeProvider:
     def capture(self, fn, pool: Arena, stream=None):
         if stream is not None:
             raise BadInput("the CPU tape has no streams")
+        if pool.released:
+            raise CaptureError("released-pool", f"a capture into pool {pool.name!r}",
+                               "every graph captured into it was released; capture into a new pool")
         graph = TapeGraph(pool)
+        pool.add_user()
+        weakref.finalize(graph, pool.drop_user)
         with torch.inference_mode(), host_methods_refused(_Recorder), _Recorder(graph, self.device):
             out = fn()
         return graph, out
