@@ -121,21 +121,41 @@ class RaceLog:
     """What the race amplifier forced for one racing pair (`race.py`): the steps it amplified, the
     steps whose early read held the poison (a wrong value produced by the race), and the first
     of them. Hits are counted on the host (a host read) or on the device (`hit_device`, a flag
-    the consumer's stream computes: no synchronisation per step; read when the finding is made)."""
+    the consumer's stream computes: no synchronisation per step; read when the finding is made).
+
+    Apart from the poison, the log records whether the bad order really happened, measured where
+    the device can say so: the host read before the copy's event completed (`hit(..., early=)`),
+    or the consumer's read finished before the producer's delay ended (`order_device`: two timed
+    events, compared when the finding is made). A step whose early read was confirmed must hold
+    the poison; a step that was not confirmed (the host stalled longer than the delay, or another
+    process held the device) says why a race can be caught a step late."""
 
     def __init__(self, what: str, how: str):
         self.what, self.how = what, how  # the interleaving forced; how it was amplified
         self.steps = 0
         self.hits = 0
         self.first: int | None = None
+        self.early = 0  # steps whose early read was confirmed
+        self.first_early: int | None = None
+        self.ordered = 0  # steps whose order was measured (0: nothing to confirm with)
         self._dev = None  # (hits, first) as device tensors
+        self._pairs: list = []  # (step, read event, producer-start event), timed
 
-    def hit(self, step: int, poisoned: bool) -> None:
+    def hit(self, step: int, poisoned: bool, early: bool | None = None) -> None:
         self.steps += 1
         if poisoned:
             self.hits += 1
             if self.first is None:
                 self.first = step
+        if early is not None:
+            self._early(step, early)
+
+    def _early(self, step: int, early: bool) -> None:
+        self.ordered += 1
+        if early:
+            self.early += 1
+            if self.first_early is None:
+                self.first_early = step
 
     def hit_device(self, step: int, flag: torch.Tensor) -> None:
         self.steps += 1
@@ -146,6 +166,11 @@ class RaceLog:
         first.masked_fill_(flag & (first < 0), step)
         hits.add_(flag.long())
 
+    def order_device(self, step: int, read, producer_start) -> None:
+        """Timed events: `read` recorded after the consumer's read, `producer_start` after the
+        delay, just before the producing work. The read was early if it completed first."""
+        self._pairs.append((step, read, producer_start))
+
     def _settle(self) -> None:
         if self._dev is not None:
             hits, first = (int(t.item()) for t in self._dev)
@@ -153,14 +178,23 @@ class RaceLog:
             self.hits += hits
             if first >= 0 and self.first is None:
                 self.first = first
+        pairs, self._pairs = self._pairs, []
+        for step, read, start in pairs:
+            start.synchronize()
+            read.synchronize()
+            self._early(step, read.elapsed_time(start) > 0)  # ms from the read to the producer's start
 
     def finding(self) -> Finding | None:
         """A "race" finding once a read held the poison (None before, or when none did)."""
         self._settle()
         if not self.hits:
             return None
+        confirmed = ""
+        if self.ordered:
+            first = "" if self.first_early is None else f", first at step {self.first_early}"
+            confirmed = f"; the early read was confirmed at {self.early} of {self.ordered} measured steps{first}"
         return Finding("race", "runner", f"forced: {self.what}; amplified: {self.how}; the read held the poison "
-                       f"at {self.hits} of {self.steps} amplified steps, first at step {self.first}")
+                       f"at {self.hits} of {self.steps} amplified steps, first at step {self.first}{confirmed}")
 
 
 class HostReadback:
@@ -208,7 +242,8 @@ class HostReadback:
             self._last.record()
         if self.synced:
             p.synchronize()
+        early = self.amplify and not self._last.query()  # the copy had not landed when the host read
         snap = {k: v.clone() for k, v in host.items()}  # the host's read
         if self.amplify:
-            self.log.hit(step, any(bool(is_poison(v).any()) for v in snap.values()))
+            self.log.hit(step, any(bool(is_poison(v).any()) for v in snap.values()), early)
         return {k: v.to(out[k].device) for k, v in snap.items()}

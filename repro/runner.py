@@ -89,6 +89,7 @@ class GraphRunner:
             f"outputs poisoned with NaN on the main stream before each replay, the side stream delayed "
             f"{opts.amplify_us:g} us by device work queued before the replay")
         self._amplified = False  # this step replayed on a delayed side stream
+        self._producer_start = None  # timed event before this step's last delayed replay
         self._step = -1  # the step being run (what the race logs report)
         self._core_linted: set = set()  # splitting-op call kinds (decode?, prefill?) linted once
         for isl in copy.islands():
@@ -262,7 +263,7 @@ class GraphRunner:
         if cap is None:
             return self._eager_step(batch)
         n = batch.num_tokens
-        self._step, self._amplified = batch.step, False
+        self._step, self._amplified, self._producer_start = batch.step, False, None
         with torch.inference_mode():
             if self.mode is Mode.FULL:
                 o = self._replay(cap.pieces[0])
@@ -283,6 +284,11 @@ class GraphRunner:
                 # (flagged on the consumer's stream, after its reads; no synchronisation here)
                 floats = [is_poison(v).any() for v in out.values() if v.is_floating_point()]
                 self._side_race.hit_device(batch.step, torch.stack(floats).any())
+                timed = getattr(self.provider, "timed_event", None)
+                if timed is not None and self._producer_start is not None:
+                    read = timed()
+                    read.record()
+                    self._side_race.order_device(batch.step, read, self._producer_start)
         return out
 
     def _step_piecewise(self, cap: _Captured, batch: StepBatch):
@@ -385,6 +391,10 @@ class GraphRunner:
                 # device work queued ahead of the replay: the main stream's consumers, issued
                 # microseconds later, run first on every step unless an event orders them after it
                 device_delay(p.device, self.opts.amplify_us)
+                timed = getattr(p, "timed_event", None)
+                if timed is not None:  # the last replay's start: the race log confirms the order with it
+                    self._producer_start = timed()
+                    self._producer_start.record(self._side)
             out = piece.replay()
         if self.opts.event_wait:
             ev = p.new_event()

@@ -136,6 +136,10 @@ class DeviceGraphProvider:
     def new_event(self):
         return self.backend.Event()
 
+    def timed_event(self):
+        """An event that can be compared in time with another (`RaceLog.order_device`)."""
+        return self.backend.Event(enable_timing=True)
+
     def synchronize(self) -> None:
         self.backend.synchronize(self.device)
 
