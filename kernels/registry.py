@@ -50,6 +50,7 @@ separated) is loaded when `kernels` is imported, before `$REPRO_KERNELS` is appl
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from contextlib import contextmanager
@@ -136,7 +137,17 @@ def load_plugins(names) -> list[str]:
         except Exception as e:  # noqa: BLE001 - any failure of a user's module is reported as its own
             raise KernelSelectionError(f"kernel plugin {name!r} failed to import: {_one_line(e)}") from e
         loaded.append(name)
+        if name not in _plugins:
+            _plugins.append(name)
     return loaded
+
+
+_plugins: list[str] = []
+
+
+def plugins() -> list[str]:
+    """The plugin modules loaded so far, in order (a result records them, so a report can again)."""
+    return list(_plugins)
 
 
 def _one_line(e: BaseException) -> str:
@@ -221,8 +232,62 @@ def selected(op: str) -> str:
 
 
 def impl(op: str) -> Callable:
-    """The function of the selected provider (what op bodies call)."""
-    return _providers[op][selected(op)].fn
+    """The function of the selected provider (what op bodies call). While `recording()`, a
+    provider from outside this package (a plugin) is called through `call`, so it is recorded."""
+    fn = _providers[op][selected(op)].fn
+    if _recording is not None and getattr(fn, "__module__", "").split(".")[0] != __name__.split(".")[0]:
+        return functools.partial(call, fn)
+    return fn
+
+
+# ---- the calls into a kernel's own package (issue 15.4) --------------------------------------
+# A kernel finding (nondeterminism, batch variance) is reported with a script that imports only
+# torch and the kernel's own package. The boundary is `call(fn, ...)`: a provider calls its
+# package's function through it (FLA's `fused_recurrent_gated_delta_rule`), and a plugin's provider
+# is called through it by `impl`. Under `recording()` each call is kept with its inputs as they
+# were before the call, its result, and its tensor arguments after it (what it wrote in place).
+
+@dataclass
+class KernelCall:
+    fn: Callable
+    args: tuple
+    kwargs: dict
+    result: object
+    after: tuple
+
+    @property
+    def name(self) -> str:
+        return f"{self.fn.__module__}.{self.fn.__qualname__}"
+
+
+_recording: list | None = None
+
+
+@contextmanager
+def recording() -> Iterator[list]:
+    """Record every `call` made inside (a list of `KernelCall`, in call order)."""
+    global _recording
+    saved, _recording = _recording, []
+    try:
+        yield _recording
+    finally:
+        _recording = saved
+
+
+def _snapshot(tree):
+    import torch
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v, tree)
+
+
+def call(fn: Callable, *args, **kwargs):
+    """Call `fn`, a function of a kernel's own package; recorded under `recording()`."""
+    if _recording is None:
+        return fn(*args, **kwargs)
+    before, kw = _snapshot(args), _snapshot(kwargs)
+    out = fn(*args, **kwargs)
+    _recording.append(KernelCall(fn, before, kw, _snapshot(out), _snapshot(args)))
+    return out
 
 
 def parse(spec: str) -> dict[str, str]:

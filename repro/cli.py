@@ -161,9 +161,11 @@ def _run(a) -> int:
     print(format_table(results))
     print(f"{len(results)} runs, {len(seq.batches())} steps each at most, {time.perf_counter() - t0:.1f} s, "
           f"provider {provider.name} on {device_name(provider)}")
+    from kernels import registry  # imported and checked by `_kernels` before the run
     doc = {"command": _command(a.argv), "device": device_name(provider), "graph_provider": provider.name,
            "torch": torch.__version__, "checkpoint": str(path), "seed": a.seed, "sentinel": a.sentinel,
-           "layer": model.layer, "sequence": seq.to_json(), "results": [r.to_json() for r in results]}
+           "layer": model.layer, "kernels": {op: registry.selected(op) for op in registry.ops()},
+           "plugins": registry.plugins(), "sequence": seq.to_json(), "results": [r.to_json() for r in results]}
     if a.json:
         write_json(a.json, doc)
     if report:

@@ -49,6 +49,7 @@ class Divergence:
     bound: float | None = None  # the calibrated bound the difference was held against
     rank: int | None = None  # a multi-rank run: the rank that saw it (`context` holds its step index)
     note: str = ""  # e.g. "no live request owns it" (a state slot), "changed in place" (a weight)
+    kernel: object = None  # a kernel finding: the `kernelcase.KernelCase` that shows it alone
 
     @property
     def failure(self) -> bool:
@@ -59,7 +60,7 @@ class Divergence:
         return {"step": self.step, "island": self.island, "tensor": self.tensor, "row": self.row,
                 "request": self.request, "slot": self.slot, "max_abs": self.max_abs, "kind": self.kind,
                 "nonfinite": self.nonfinite, "reason": self.reason, "bound": self.bound, "note": self.note,
-                "context": self.context}
+                "context": self.context, "kernel": self.kernel.to_json() if self.kernel is not None else None}
 
     def where(self) -> str:
         """The table's cell: step, tensor, row, slot, then |d| or the non-finite copy (and the note)."""

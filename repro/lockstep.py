@@ -293,6 +293,8 @@ class Lockstep:
                 div.note = UNOWNED
                 div.reason += f"; slot {div.slot} is written at this step and {UNOWNED}"
             if div.kind in KERNEL_FINDINGS:
+                if div.kind not in self.kernel_findings:  # the first of its kind: which kernel call shows it
+                    div.kernel = self.probe.kernel_case(batch, div.kind, self.pre)
                 note_finding(self.kernel_findings, div)
                 self.resync()
                 div = None
@@ -388,6 +390,8 @@ def run_moe_lockstep(model, provider, batches, sizes=None, progress=None, check:
             div.context = {"this_step": _step_context(batch, None)}
             ph.host("oracle", t)
             if div.kind in KERNEL_FINDINGS:
+                if div.kind not in kernel:
+                    div.kernel = probe.kernel_case(batch, div.kind)
                 note_finding(kernel, div)  # stateless island: nothing to resync
             else:
                 ph.stop(runner.captures == captures)

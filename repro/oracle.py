@@ -28,6 +28,7 @@ from .compare import (BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM, 
                       first_row, magnitude, max_abs, nonfinite_side, ordered, row_owner, same)
 from .capture import pad_size
 from .islands.gdn import GDNMeta
+from .kernelcase import locate
 from .islands.layer import LayerCopy, collect
 from .options import Mode
 from .runner import EagerRunner
@@ -127,12 +128,14 @@ CONFIRM_RUNS = 4
 
 
 def decide(batch, div: Divergence, eager: dict, replay: dict, exact: tuple, padded: tuple | None,
-           size: int | None, logits=None, rerun=None) -> Divergence:
+           size: int | None, logits=None, rerun=None, rerun_exact=None) -> Divergence:
     """Classify `div` (the first eager/replay difference) from the probe runs: `exact` = two exact-
     shape eager runs, `padded` = two padded-shape eager runs (None: the step ran unpadded), all
     from the same pre-step state; `logits(hidden)`: the canary head's logits (for `tie_flip`);
-    `rerun()`: one more run of the reference (padded, or exact when unpadded), for `CONFIRM_RUNS`. Returns `div` with kind, reason (and bound), or the corruption
-    found elsewhere in the step."""
+    `rerun()`: one more run of the reference (padded, or exact when unpadded), for `CONFIRM_RUNS`;
+    `rerun_exact()`: one more exact-shape run, so batch variance is only claimed against an exact
+    run that reproduces (a kernel whose call-to-call noise is under an ulp often draws equal bits
+    twice). Returns `div` with kind, reason (and bound), or the corruption found elsewhere."""
     noise = _noise(*exact)
     if padded is not None:
         for k, v in _noise(*padded).items():
@@ -141,6 +144,12 @@ def decide(batch, div: Divergence, eager: dict, replay: dict, exact: tuple, padd
     if not noise and rerun is not None and compare_outputs(batch, ref, replay) is not None:
         for _ in range(CONFIRM_RUNS):  # a graph hazard is only claimed against a reproducible reference
             noise = _noise(ref, rerun())
+            if noise:
+                break
+    if not noise and padded is not None and rerun_exact is not None \
+            and compare_outputs(batch, exact[0], padded[0]) is not None:
+        for _ in range(CONFIRM_RUNS):  # batch variance only against an exact run that reproduces
+            noise = _noise(exact[0], rerun_exact())
             if noise:
                 break
     if noise:
@@ -165,6 +174,11 @@ def decide(batch, div: Divergence, eager: dict, replay: dict, exact: tuple, padd
     if bad is not None:
         bad.reason += f"; replay equals the eager run padded to {size} rows"
         return bad
+    if size == batch.num_tokens:  # no pad rows: two runs of one shape differ, so the kernel varies by call
+        div.kind, div.bound = NONDETERMINISM, bound(f"{div.island}.{div.tensor}", eager[f"{div.island}.{div.tensor}"])
+        div.reason = (f"replay equals an eager run at the same {size} rows bit for bit, and another eager run of "
+                      f"that shape differs within {ULPS['default']} bf16 ulps: the kernel varies from call to call")
+        return div
     div.kind, div.bound = BATCH_VARIANCE, bound(f"{div.island}.{div.tensor}", eager[f"{div.island}.{div.tensor}"])
     div.reason = (f"replay equals an eager run padded to {size} rows bit for bit; the exact-shape eager "
                   f"run rounds differently, within {ULPS['default']} bf16 ulps of each tensor's magnitude")
@@ -233,7 +247,17 @@ class ChainProbe:
         size = self.padded_size(batch)
         padded = (self.padded(batch, pre, size), self.padded(batch, pre, size)) if size is not None else None
         rerun = (lambda: self.padded(batch, pre, size)) if size is not None else (lambda: self.exact(batch, pre))
-        return decide(batch, div, eager, replay, exact, padded, size, self.logits, rerun)
+        return decide(batch, div, eager, replay, exact, padded, size, self.logits, rerun,
+                      lambda: self.exact(batch, pre))
+
+    def kernel_case(self, batch, kind: str, pre: dict):
+        """The kernel call that shows a `kind` finding at this step (`kernelcase.locate`), or None."""
+        size = self.padded_size(batch)
+        exact = lambda: self.exact(batch, pre)  # noqa: E731
+        padded = (lambda: self.padded(batch, pre, size)) if size is not None else exact  # noqa: E731
+        if kind == BATCH_VARIANCE:
+            return locate(kind, exact, padded)
+        return locate(kind, exact, exact) or locate(kind, padded, padded)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The canary head's fp32 logits for `hidden` rows (what its greedy token is taken from)."""
@@ -257,9 +281,19 @@ class IslandProbe:
             out = self.island(input_ids=ids.to(self.island.embed.device))
         return {f"{self.island.name}.{k}": v[:n].clone() for k, v in out.items()}
 
+    def kernel_case(self, batch, kind: str):
+        """The kernel call that shows a `kind` finding at this step (`kernelcase.locate`), or None."""
+        n = batch.num_tokens
+        size = pad_size(n, self.sizes) or n
+        exact, padded = (lambda: self._run(batch, n)), (lambda: self._run(batch, size))  # noqa: E731
+        if kind == BATCH_VARIANCE:
+            return locate(kind, exact, padded)
+        return locate(kind, exact, exact) or locate(kind, padded, padded)
+
     def classify(self, batch, div: Divergence, eager: dict, replay: dict) -> Divergence:
         n = batch.num_tokens
         size = pad_size(n, self.sizes)
         exact = (self._run(batch, n), self._run(batch, n))
         padded = (self._run(batch, size), self._run(batch, size)) if size is not None else None
-        return decide(batch, div, eager, replay, exact, padded, size, rerun=lambda: self._run(batch, size or n))
+        return decide(batch, div, eager, replay, exact, padded, size, rerun=lambda: self._run(batch, size or n),
+                      rerun_exact=lambda: self._run(batch, n))

@@ -67,7 +67,7 @@ def _call(fn, q, k, v, g, beta, initial, cu_seqlens):
     # kernel take it as the per-key decay gk [B, T, HV, K], read 128x past its end, and run with
     # beta = 1 (docs/fla/REPORT.md).
     Hv = v.shape[1]
-    o, final = fn(expand_heads(q, Hv)[None].to(v.dtype), expand_heads(k, Hv)[None].to(v.dtype),
+    o, final = registry.call(fn, expand_heads(q, Hv)[None].to(v.dtype), expand_heads(k, Hv)[None].to(v.dtype),
                   v[None], g=g[None].float(), beta=beta[None].float(), scale=q.shape[-1] ** -0.5,
                   initial_state=initial, output_final_state=True, cu_seqlens=cu_seqlens,
                   use_qk_l2norm_in_kernel=True)

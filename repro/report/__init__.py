@@ -30,9 +30,12 @@ from .envtext import environment_text
 from .load import check_result, kernel_sentinel, load_result, pick, recorded_steps, steps_that_ran
 from .markdown import Facts, render_markdown
 from .repairs import RepairRow, repair_rows
+from .kernel import INPUTS as KERNEL_INPUTS
+from .kernel import SCRIPT as KERNEL_SCRIPT
+from .kernel import make_kernel_script
 from .standalone import SCRIPT, WEIGHTS, make_standalone, standalone_gap
 
-OUTPUTS = ("REPORT.md", "env.txt", "sequence.json", "result.json", SCRIPT, WEIGHTS)
+OUTPUTS = ("REPORT.md", "env.txt", "sequence.json", "result.json", SCRIPT, WEIGHTS, KERNEL_SCRIPT, KERNEL_INPUTS)
 
 __all__ = ["OUTPUTS", "SCRIPT", "WEIGHTS", "RepairRow", "check_output", "check_result", "load_result", "pick",
            "repair_rows", "standalone_gap", "steps_that_ran", "write_report"]
@@ -130,11 +133,12 @@ def write_report(doc: dict, out_dir, *, command: str | None = None, result_path:
         (stage / "sequence.json").write_text(dumps(seqj))
         (stage / "env.txt").write_text(environment_text(doc))
         sa = make_standalone(stage, doc, r, steps, seqj, model, sentinel, title, verify, seed, weights)
+        kernel = make_kernel_script(stage, doc, r, steps, seqj, layer, sentinel, title)
         replay_cmd, replay_notes = _replay_command(doc, r, layer, ks)
         facts = Facts(doc, r, idx, steps, seqj, source, rows, sa, title, ks, replay_cmd, replay_notes,
                       command=command or doc.get("command"), result_path=result_path, layer=layer,
                       model_here=model is not None, checkpoint=_checkpoint(doc)[0],
-                      hunt_steps=recorded_steps(doc), notes=notes)
+                      hunt_steps=recorded_steps(doc), notes=notes, kernel=kernel)
         (stage / "REPORT.md").write_text(render_markdown(facts))
         install_dir(stage, out)
     except BaseException:

@@ -36,6 +36,7 @@ class Facts:
     checkpoint: str = "?"  # as shown: no local path
     hunt_steps: int | None = None  # the hunt's minimal sequence length
     notes: list = field(default_factory=list)
+    kernel: object = None  # kernel.KernelScript: a kernel finding's own script
 
     @property
     def fd(self):
@@ -269,7 +270,26 @@ def others(f: Facts) -> list[str]:
     return L + [""]
 
 
-SECTIONS = (header, environment, what_was_run, expected_actual, sequence, first_divergence, repairs, standalone)
+def kernel_finding(f: Facts) -> list[str]:
+    k = f.kernel
+    if k is None or k.finding is None:
+        return []
+    fd, call = k.finding, k.finding["kernel"]
+    L = ["## Kernel finding", "",
+         f"At step {fd['step']} the kernel itself showed **{fd['kind']}**: {fd['reason']}.",
+         f"The first call into a kernel's own package that shows it is `{call['function']}` (call {call['call']} "
+         f"of the step), max |d| {call['max_abs']:.3g}.", ""]
+    if k.files:
+        L += [f"`{k.files[1]}` imports only torch and that package. It loads the call's recorded inputs "
+              f"(`{k.files[0]}`), calls the function again, and exits 1 when the effect shows:", "",
+              _code(f"python {k.files[1]}   # optional argument: a device to load the inputs on"), ""]
+    else:
+        L += [f"No script was written: {k.note}.", ""]
+    return L
+
+
+SECTIONS = (header, environment, what_was_run, expected_actual, sequence, first_divergence, repairs, standalone,
+            kernel_finding)
 
 
 def render_markdown(f: Facts) -> str:
