@@ -14,9 +14,21 @@ def pytest_addoption(parser):
     g.addoption("--model", default=os.environ.get("REPRO_MODEL"), help="checkpoint directory (default: tiny)")
     g.addoption("--hazard", action="append", default=[], help="restrict hazard tests to these")
     g.addoption("--hypothesis-profile-name", default=os.environ.get("REPRO_HYPOTHESIS_PROFILE", "ci"))
+    g.addoption("--failure-log", default=None,
+                help="append each failure's traceback to this file as it happens (kept when a run is cut short)")
+
+
+def pytest_runtest_logreport(report):
+    """`--failure-log`: a run on a lent GPU machine can be stopped at its time limit, and pytest
+    (with xdist) then prints no tracebacks; written here as each failure arrives, they survive."""
+    path = getattr(pytest_runtest_logreport, "path", None)
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
 
 
 def pytest_configure(config):
+    pytest_runtest_logreport.path = config.getoption("--failure-log")
     from repro.hunt import register_profiles, settings
     register_profiles()  # ci / dev / soak (not registered at import)
     settings.load_profile(config.getoption("--hypothesis-profile-name"))

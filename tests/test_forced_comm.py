@@ -218,6 +218,7 @@ def test_a_killed_rank_is_reported_within_60_s_and_nothing_is_left(ckpt):
     assert res["leftover"] == []
 
 
+@pytest.mark.exclusive  # a hang is told from a slow rank by wall-clock
 def test_a_hung_rank_is_reported_as_hung_with_where_it_stopped(ckpt):
     t = time.monotonic()
     res = _run(ckpt, tp=2, device="cpu", cases=[((), ())], timeout=60, collective_timeout=5, kill_rank=(0, 2, "hang"))

@@ -25,6 +25,7 @@ def test_baseline_machine_stays_clean(model_provider, mode):
     run_state_machine_as_test(lockstep_machine(model, provider, mode), settings=_settings(12))
 
 
+@pytest.mark.exclusive  # shrinking is bounded by wall-clock
 @pytest.mark.parametrize("mode, hazard, examples", [("full", "stale-pad", 200), ("piecewise", "frozen-python-state", 30)])
 def test_planted_hazard_fails_the_invariant(model_provider, mode, hazard, examples):
     model, provider = model_provider

@@ -311,6 +311,7 @@ def _first_graphed_step(seq, mode, sizes=(1, 2, 4, 8, 16)):
     return next(b.step for b in seq.batches() if b.num_tokens <= max(sizes) and (mode == "piecewise" or b.uniform_decode))
 
 
+@pytest.mark.exclusive
 @pytest.mark.cuda
 @pytest.mark.parametrize("hazard, mode", STREAM_HAZARDS)
 def test_every_stream_hazard_is_detected_by_step_2_in_10_of_10_runs(gpu, hazard, mode):
@@ -325,19 +326,20 @@ def test_every_stream_hazard_is_detected_by_step_2_in_10_of_10_runs(gpu, hazard,
         fd = r.first_divergence
         race = [f for f in r.findings if f["kind"] == "race"]
         assert race and f"first at step {fd['step']}" in race[0]["detail"], (run, r.findings)
-        # The device's own record of the order (timed events / the copy's event): the first step
-        # whose early read it confirms must be caught. A step it does not confirm (the host or
-        # another process on the GPU stalled longer than the delay: a loaded `pytest -n`) may be
-        # caught later; the first graphed step must then be one it did not confirm.
+        # Late detection is allowed only where the device's own record of the order (timed events,
+        # the copy's event) says the first graphed step's read was not early: the host, or another
+        # process time-sliced onto the GPU, held the consumer longer than the delay.
         confirmed = re.search(r"confirmed at (\d+) of (\d+) measured steps(?:, first at step (\d+))?",
                               race[0]["detail"])
-        assert confirmed and confirmed[3] is not None, (run, race[0]["detail"])
-        first_early = int(confirmed[3])
-        assert fd["step"] <= first_early and (fd["step"] == first or first_early > first), (run, fd, first_early)
+        first_early = int(confirmed[3]) if confirmed and confirmed[3] is not None else None
+        if fd["step"] != first:
+            assert confirmed and (first_early is None or first_early > first), (run, fd, race[0]["detail"])
+        assert first_early is None or fd["step"] <= first_early, (run, fd, first_early)
         on_time += fd["step"] == first
     assert on_time >= 1  # the forcing worked at the first graphed step at least once in 10
 
 
+@pytest.mark.exclusive
 @pytest.mark.cuda
 @pytest.mark.parametrize("hazard, mode", STREAM_HAZARDS)
 def test_each_repair_clears_its_stream_hazard_in_10_of_10_amplified_runs(gpu, hazard, mode):
@@ -350,6 +352,7 @@ def test_each_repair_clears_its_stream_hazard_in_10_of_10_amplified_runs(gpu, ha
             assert not [f for f in r.findings if f["kind"] == "race"], (repair, run, r.findings)
 
 
+@pytest.mark.exclusive
 @pytest.mark.cuda
 @pytest.mark.parametrize("mode", ["piecewise", "full"])
 @pytest.mark.parametrize("hazards, repairs", [
