@@ -118,6 +118,8 @@ def _run(a) -> int:
     if a.tp > 1 or a.island == "forced_comm":
         if a.no_amplify:
             raise BadInput("--no-amplify: forced_comm runs always amplify (not wired through its ranks yet)")
+        if a.reference_every is not None:
+            raise BadInput("--reference-every: forced_comm runs have no third copy (it runs on the chain islands)")
         if report:
             raise BadInput("--report: forced_comm / --tp runs have no report yet (write --json and see its rows)")
         return _forced_comm(a)
@@ -153,7 +155,7 @@ def _run(a) -> int:
                 step_cb = progress.start(f"{case.island} {case.mode} {','.join(case.hazards) or 'baseline'}"
                                          + (f" +{','.join(case.repairs)}" if case.repairs else ""))
                 r = run_case(model, provider, case, seq, sentinel=a.sentinel, trace=trace, progress=step_cb,
-                             strict=a.strict, amplify=not a.no_amplify)
+                             strict=a.strict, amplify=not a.no_amplify, reference_every=a.reference_every)
                 results.append(r)
                 progress.finish(verdict(r))
         finally:
@@ -330,6 +332,10 @@ def parser() -> argparse.ArgumentParser:
                    help="batch variance and kernel nondeterminism fail the run too (default: reported, exit 0)")
     s.add_argument("--no-amplify", action="store_true", help="leave stream races to their natural timing "
                    "(default: poison what an early read sees and delay the producer, so they happen every step)")
+    s.add_argument("--reference-every", type=_count(0), default=None, metavar="N",
+                   help="step the independent third copy (own weights, reference kernels) every N steps; it names "
+                        "the copy that departed and finds faults both copies share (default: 1 on the CPU, 16 on a "
+                        "GPU; 0: off)")
 
     s = sub.add_parser("hunt", help="Hypothesis search for a minimal diverging sequence",
                        formatter_class=raw, epilog=knobs_help())

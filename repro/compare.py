@@ -50,6 +50,7 @@ class Divergence:
     rank: int | None = None  # a multi-rank run: the rank that saw it (`context` holds its step index)
     note: str = ""  # e.g. "no live request owns it" (a state slot), "changed in place" (a weight)
     kernel: object = None  # a kernel finding: the `kernelcase.KernelCase` that shows it alone
+    departed: str | None = None  # "replay" / "eager" / "both": beyond the independent reference copy's bound
 
     @property
     def failure(self) -> bool:
@@ -60,7 +61,8 @@ class Divergence:
         return {"step": self.step, "island": self.island, "tensor": self.tensor, "row": self.row,
                 "request": self.request, "slot": self.slot, "max_abs": self.max_abs, "kind": self.kind,
                 "nonfinite": self.nonfinite, "reason": self.reason, "bound": self.bound, "note": self.note,
-                "context": self.context, "kernel": self.kernel.to_json() if self.kernel is not None else None}
+                "context": self.context, "kernel": self.kernel.to_json() if self.kernel is not None else None,
+                "departed": self.departed}
 
     def where(self) -> str:
         """The table's cell: step, tensor, row, slot, then |d| or the non-finite copy (and the note)."""
@@ -68,7 +70,7 @@ class Divergence:
             return f"step {self.step} {self.island}.{self.tensor} {self.note}"
         what = (f"non-finite in {self.nonfinite} only" if self.nonfinite in ("eager", "replay")
                 else "non-finite values differ" if self.nonfinite else f"|d|={self.max_abs:.3g}")
-        note = f" ({self.note})" if self.note else ""
+        note = f" ({self._tags()})" if self._tags() else ""
         row = f" row {self.row}" if self.row is not None else ""  # a state slot has no token row
         slot = f" slot {self.slot}" if self.slot is not None else ""
         return f"step {self.step} {self.island}.{self.tensor}{row}{slot} {what}{note}"
@@ -81,8 +83,14 @@ class Divergence:
         kind = f" [{self.kind}]" if self.kind else ""
         if self.island == WEIGHTS:
             return f"step {self.step}: {self.island}.{self.tensor} {self.note}{kind}"
-        note = f" ({self.note})" if self.note else ""
+        note = f" ({self._tags()})" if self._tags() else ""
         return f"step {self.step}: {self.island}.{self.tensor} {where}{who} {what}{note}{kind}"
+
+    def _tags(self) -> str:
+        tags = [self.note] if self.note else []
+        if self.departed:
+            tags.append(f"{self.departed} departed")
+        return "; ".join(tags)
 
 
 def same_mask(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

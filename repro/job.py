@@ -11,6 +11,7 @@ from .capture import DEFAULT_SIZES
 from .errors import BadInput
 from .islands import Model
 from .lockstep import run_lockstep
+from .reference_copy import ReferenceCopy, default_every, independent_copy
 from .results import Case, CaseResult, device_name, exit_code, format_table, verdict  # noqa: F401  (re-exported)
 from .sequence import Sequence, random_sequence
 
@@ -52,9 +53,11 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool) -> list
 
 
 def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 0, sizes=DEFAULT_SIZES,
-             trace=None, progress=None, strict: bool = False, amplify: bool = True) -> CaseResult:
+             trace=None, progress=None, strict: bool = False, amplify: bool = True,
+             reference_every: int | None = None) -> CaseResult:
     """One case in lockstep. `strict`: batch variance and nondeterminism fail the case as well.
-    `amplify` False: stream races are left to their natural timing (`race.py`)."""
+    `amplify` False: stream races are left to their natural timing (`race.py`). `reference_every`:
+    run the independent reference copy every N steps (0: never; None: `reference_copy.default_every`)."""
     opts = hz.options_for(case.hazards, case.repairs)
     if not amplify:
         opts = replace(opts, runner=replace(opts.runner, amplify=False))
@@ -68,9 +71,11 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
     else:
         usable = None if copy_sentinel == 0 else range(seq.num_slots)
         batches = seq.batches(usable)
+        every = default_every(provider.device) if reference_every is None else reference_every
+        ref = ReferenceCopy(independent_copy(model, seq.num_slots, copy_sentinel), every) if every > 0 else None
         res = run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=copy_sentinel),
                            provider, batches, mode=case.mode, opts=opts,
-                           sizes=sizes, trace=trace, progress=progress, max_tokens=seq.max_tokens)
+                           sizes=sizes, trace=trace, progress=progress, max_tokens=seq.max_tokens, reference=ref)
     return CaseResult(case, res.steps, res.divergence, [f.to_json() for f in res.findings], res.eager_us,
                       res.replay_us, res.kernel_findings, strict)
 

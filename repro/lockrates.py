@@ -18,7 +18,9 @@ import time
 TARGET_STEPS_PER_S = 300  # issue 19.4: every island, real dimensions, B <= 8, one H200
 CASES = (("chain", "piecewise"), ("chain", "full"), ("submod0", "piecewise"), ("submod1", "piecewise"),
          ("gdn_core", "full"), ("moe", "piecewise"))
-CHECKS = ("device", "host")
+# "reference": the device check plus the independent third copy at its default cadence for the
+# device (`reference_copy`: every step on the CPU, every 16 on a GPU): what the third copy costs.
+CHECKS = ("device", "host", "reference")
 
 
 def run_checked(model, provider, island: str, mode: str, seq, check: str = "device"):
@@ -28,14 +30,19 @@ def run_checked(model, provider, island: str, mode: str, seq, check: str = "devi
     from . import hazards as hz
     from .job import ISLAND_MODES
     from .lockstep import run_lockstep, run_moe_lockstep
-    if island == "moe":
-        return run_moe_lockstep(model, provider, seq.batches(), check=check)
+    from .reference_copy import ReferenceCopy, default_every, independent_copy
+    if island == "moe":  # the moe island has no third copy: its "reference" row is the device check
+        return run_moe_lockstep(model, provider, seq.batches(), check="host" if check == "host" else "device")
+    ref = None
+    if check == "reference":
+        ref = ReferenceCopy(independent_copy(model, seq.num_slots, 0), default_every(provider.device))
+        check = "device"
     opts = hz.options_for((), ())
     if island in ISLAND_MODES:
         opts = replace(opts, runner=replace(opts.runner,
                                             eager_families=opts.runner.eager_families | ISLAND_MODES[island][1]))
     return run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=0), provider, seq.batches(),
-                        mode=mode, opts=opts, max_tokens=seq.max_tokens, check=check)
+                        mode=mode, opts=opts, max_tokens=seq.max_tokens, check=check, reference=ref)
 
 
 def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: int = 0, checks=CHECKS,

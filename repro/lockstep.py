@@ -38,12 +38,14 @@ from .islands.layer import LayerCopy  # noqa: F401
 from .options import Options
 from .oracle import ChainProbe, IslandProbe
 from .runner import EagerRunner, GraphRunner, PieceRunner
+from .reference_copy import ReferenceCopy, departed
 from .stepcheck import StepCheck, Verdict
+from .weights import copy_weights, island_weights  # noqa: F401 (re-exported)
 
 __all__ = ["Divergence", "Lockstep", "LockstepResult", "compare_step", "digest", "run_lockstep", "run_moe_lockstep"]
 
 CHECKS = ("device", "host")
-PHASES = ("prepare", "eager", "replay", "compare", "weights", "read", "oracle")
+PHASES = ("prepare", "eager", "replay", "compare", "weights", "read", "oracle", "reference")
 
 
 def _step_context(batch: StepBatch | None, runner: GraphRunner | None) -> dict:
@@ -60,24 +62,6 @@ def _step_context(batch: StepBatch | None, runner: GraphRunner | None) -> dict:
             ctx["pad_state_indices"] = runner.token_slot[n:size].tolist()
             ctx["pad_input_ids"] = runner.input_ids[n:size].tolist()
     return ctx
-
-
-def copy_weights(copy) -> dict[str, torch.Tensor]:
-    """Every weight tensor a chain copy reads, by name (the layer's, the embedding, the head's,
-    the next layer's norm)."""
-    from .weights import tensors_of
-    out = {f"layer.{k}": v for k, v in tensors_of(copy.submod0.w).items()}
-    out.update({"head.embed_tokens": copy.submod0.embed, "head.norm": copy.head.norm,
-                "head.lm_head": copy.head.lm_head, "next_norm": copy.submod1.next_norm})
-    return out
-
-
-def island_weights(island) -> dict[str, torch.Tensor]:
-    """The same for the `moe` island."""
-    from .weights import tensors_of
-    out = {f"layer.{k}": v for k, v in tensors_of(island.w).items()}
-    out["head.embed_tokens"] = island.embed
-    return out
 
 
 class Phases:
@@ -213,7 +197,8 @@ class Lockstep:
     "host" (the previous per-tensor path, kept as the tests' and the bench's reference)."""
 
     def __init__(self, make_copy, provider, mode="piecewise", opts: Options = Options(), sizes=None,
-                 max_tokens=64, trace=None, check: str = "device", weight_every: int = 1):
+                 max_tokens=64, trace=None, check: str = "device", weight_every: int = 1,
+                 reference: ReferenceCopy | None = None):
         if check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}")
         self.provider, self.trace, self.check = provider, trace, check
@@ -233,6 +218,7 @@ class Lockstep:
         weights = {**copy_weights(self.eager_copy), **copy_weights(self.replay_copy)} if check == "device" else {}
         self.stepcheck = StepCheck(weights, weight_every)
         self._weights_checked_at: int | None = None
+        self.reference = reference  # the independent third copy (`reference_copy`), or None
 
     @staticmethod
     def _state(copy: LayerCopy) -> dict:
@@ -299,10 +285,34 @@ class Lockstep:
                 self.resync()
                 div = None
             ph.host("oracle", t)
+        if self.reference is not None and self.reference.due(self.steps - 1) \
+                and (div is None or div.island != WEIGHTS):
+            t = time.perf_counter()
+            div = self._against_reference(batch, div, e, r)
+            ph.host("reference", t)
         ph.stop(steady=self.graph.captures == captures)
         self.prev = batch
         batch.release()
         return div
+
+    def _against_reference(self, batch, div: Divergence | None, e: dict, r: dict) -> Divergence | None:
+        """The step on the independent copy (`reference_copy`): says which copy departed from a
+        failure, or finds the corruption both copies share."""
+        ref = self.reference.run(batch, self.pre)
+        who, why, first = departed(batch, ref, {**e, **self._state(self.eager_copy)},
+                                   {**r, **self._state(self.replay_copy)})
+        if who is not None and not self.reference.intact():
+            why, who = "the reference copy's own weights changed: it was not consulted", None
+        if div is not None:
+            div.departed = who
+            div.reason += f"; {why}"
+            return div
+        if who is None:
+            return None
+        first.departed = who
+        first.reason = f"eager and replay agree, but {why}"
+        first.context = {"this_step": _step_context(batch, self.graph)}
+        return first
 
     def resync(self) -> None:
         """After a kernel finding: the eager copy's state becomes the replay's (equal to the padded
@@ -320,9 +330,10 @@ class Lockstep:
 
 def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise", opts: Options = Options(),
                  sizes=None, trace=None, progress=None, max_tokens=64, check: str = "device",
-                 weight_every: int = 1) -> LockstepResult:
+                 weight_every: int = 1, reference: ReferenceCopy | None = None) -> LockstepResult:
     ls = Lockstep(make_copy, provider, mode, opts, sizes,
-                  max(max_tokens, max((b.num_tokens for b in batches), default=1)), trace, check, weight_every)
+                  max(max_tokens, max((b.num_tokens for b in batches), default=1)), trace, check, weight_every,
+                  reference)
     div = None
     for i, batch in enumerate(batches):
         div = ls.step(batch, batches[i + 1] if i + 1 < len(batches) else None)

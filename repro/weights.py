@@ -140,3 +140,19 @@ def to_device(obj, device):
         elif hasattr(v, "__dataclass_fields__"):
             to_device(v, device)
     return obj
+
+
+def copy_weights(copy) -> dict[str, torch.Tensor]:
+    """Every weight tensor a chain copy reads, by name (the layer's, the embedding, the head's,
+    the next layer's norm)."""
+    out = {f"layer.{k}": v for k, v in tensors_of(copy.submod0.w).items()}
+    out.update({"head.embed_tokens": copy.submod0.embed, "head.norm": copy.head.norm,
+                "head.lm_head": copy.head.lm_head, "next_norm": copy.submod1.next_norm})
+    return out
+
+
+def island_weights(island) -> dict[str, torch.Tensor]:
+    """The same for the `moe` island."""
+    out = {f"layer.{k}": v for k, v in tensors_of(island.w).items()}
+    out["head.embed_tokens"] = island.embed
+    return out

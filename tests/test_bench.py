@@ -166,11 +166,13 @@ def test_lockstep_rates_structure(model):
     r = lockstep_rates(model, make_provider("cpu"), steps=8, examples=1,
                        cases=(("chain", "full"), ("moe", "piecewise")))
     assert [(c["island"], c["mode"], c["check"]) for c in r["cases"]] == [
-        ("chain", "full", "device"), ("chain", "full", "host"), ("moe", "piecewise", "device"),
-        ("moe", "piecewise", "host")]
+        ("chain", "full", "device"), ("chain", "full", "host"), ("chain", "full", "reference"),
+        ("moe", "piecewise", "device"), ("moe", "piecewise", "host"), ("moe", "piecewise", "reference")]
     for c in r["cases"]:
         assert c["steps"] == 8 and not c["diverged"] and c["run_steps_per_s"] > 0
-        assert set(c["fractions"]) == {"prepare", "eager", "replay", "compare", "weights", "read", "oracle"}
+        assert set(c["fractions"]) == {"prepare", "eager", "replay", "compare", "weights", "read", "oracle",
+                                       "reference"}
+        assert (c["us_per_step"]["reference"] > 0) == (c["check"] == "reference" and c["island"] != "moe")
         assert c["steady_steps"] + c["captures"] >= c["steps"] and c["us_per_step"]["eager"] > 0
     assert r["hunt"]["examples"] >= 1 and r["hunt"]["examples_per_s"] > 0
     assert "steps/s" in format_rates(r) and "hunt:" in format_rates(r)

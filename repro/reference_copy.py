@@ -1,0 +1,101 @@
+"""The third, independent copy (issue 16.1): which copy departed, and faults both copies share.
+
+The eager and the replay copy share their weights, the kernel registry and every process-wide
+cache, so a fault in any of those moves both the same way and their comparison cannot see it. The
+reference copy shares none of it that a step can change:
+
+- its own weights, deep-copied from the model at load (views of one storage stay views) and
+  digested then; the digest is checked again whenever the copy reports anything, so a finding is
+  never blamed on a corrupted reference;
+- the `reference` provider for every op (plain torch, written to be obviously right), selected
+  only around its own step;
+- its own state cache and island options (the correct code: no planted knob reaches it).
+
+Every `every` steps (default: every step on the CPU, every 16 on a device, where it runs the
+slow reference kernels) it runs the step at the exact shape from the eager copy's state before
+the step, so each step is judged on its own and rounding never accumulates. Its outputs and whole
+new state are held against each copy with the oracle's bound (`oracle.corruption`: providers may
+round differently from `reference`). Then:
+
+- eager and replay differ: the one beyond the bound of the reference departed (`replay`,
+  `eager`, or `both`);
+- eager and replay agree, and both are beyond the bound: shared corruption, `both` departed, a
+  failure the two-copy comparison could not see.
+"""
+from __future__ import annotations
+
+import copy as _copy
+
+import torch
+
+from kernels import registry
+
+from .islands.layer import LayerCopy
+from .runner import EagerRunner
+from .stepcheck import digest_words
+from .weights import copy_weights
+
+DEVICE_EVERY = 16  # on a GPU the reference kernels cost several eager steps each
+
+
+def default_every(device) -> int:
+    return 1 if torch.device(device).type == "cpu" else DEVICE_EVERY
+
+
+def independent_copy(model, num_slots: int, sentinel: int) -> LayerCopy:
+    """A `LayerCopy` of `model` with its own deep-copied weights and the default island options."""
+    layer, head, next_norm = _copy.deepcopy((model.weights, model.head, model.next_norm))
+    return LayerCopy(model.cfg, layer, head, next_norm, num_slots, model.device, sentinel=sentinel,
+                     tp_size=model.tp_size)
+
+
+class ReferenceCopy:
+    def __init__(self, copy: LayerCopy, every: int):
+        self.copy, self.every = copy, every
+        self.eager = EagerRunner(copy)
+        self.runs = 0
+        self._weights = copy_weights(copy)
+        self._digest = _digest(self._weights)
+
+    def due(self, index: int) -> bool:
+        """Whether the `index`-th step of the run (0-based) is checked."""
+        return self.every > 0 and index % self.every == 0
+
+    def run(self, batch, pre: dict) -> dict:
+        """The step from state `pre`, reference kernels: outputs and whole new state."""
+        for k, v in self.copy.cache.tensors().items():
+            v.copy_(pre[k])
+        with registry.using(all="reference"):
+            out = self.eager.step(batch)
+        self.runs += 1
+        out.update({f"gdn_core.{k}": v for k, v in self.copy.cache.tensors().items()})
+        return out
+
+    def intact(self) -> bool:
+        """Its weights still hold the bytes they had at load."""
+        return torch.equal(_digest(self._weights), self._digest)
+
+
+def _digest(weights: dict) -> torch.Tensor:
+    return torch.stack([digest_words(t) for t in weights.values()])
+
+
+def departed(batch, ref: dict, eager: dict, replay: dict):
+    """(`replay` / `eager` / `both` / None, why, the first divergence from the reference of the
+    copy that departed): which copy is beyond the oracle's bound of the reference's outputs and
+    state (`oracle.corruption`)."""
+    from .oracle import corruption
+    keys = [k for k in ref if k in eager and k in replay]
+    ref = {k: ref[k] for k in keys}
+    off_e = corruption(batch, ref, {k: eager[k] for k in keys}, ("reference", "eager"))
+    off_r = corruption(batch, ref, {k: replay[k] for k in keys}, ("reference", "replay"))
+    who = {(False, True): "replay", (True, False): "eager", (True, True): "both"}.get((off_e is not None,
+                                                                                        off_r is not None))
+    if who is None:
+        return None, "both copies are within the bound of the independent reference copy", None
+    first = off_r if who == "replay" else off_e
+    agrees = {"replay": "eager", "eager": "replay"}.get(who)
+    why = (f"the independent reference copy (own weights, reference kernels) "
+           f"{'agrees with ' + agrees if agrees else 'agrees with neither'}: {who} departed, first at "
+           f"{first.island}.{first.tensor} ({first.reason})")
+    return who, why, first

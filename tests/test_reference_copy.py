@@ -1,0 +1,121 @@
+"""The independent third copy (issue 16.1): faults both copies share, and which copy departed.
+
+Faults are planted from outside through the public API: a kernel provider both copies use that
+is wrong by the same amount (invisible to eager vs replay), a provider that goes wrong on the
+eager copy's calls only (a process-wide cache misbehaving after capture: the replay copy replays
+what was recorded), and a planted graph hazard (the replay copy departs)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import registry
+from kernels.norms.reference import add_rms_norm_reference, rms_norm_reference
+from repro.compare import CORRUPTION
+from repro.graphs import make_provider
+from repro.islands import Model
+from repro.job import Case, default_sequence, run_case
+from repro.lockstep import Lockstep
+from repro.options import Options
+from repro.reference_copy import ReferenceCopy, default_every, independent_copy
+
+SEQ = default_sequence(seed=2, steps=16)
+FAULT = {"on": False}
+
+
+def shifted(x, w, eps):
+    """Wrong by +0.25 on every row, every call: both copies agree with each other."""
+    return (rms_norm_reference(x.float(), w, eps) + 0.25).to(x.dtype)
+
+
+def eager_only(x, y, w, eps):
+    """`add_rms_norm` (submod1: inside a graph in both modes), right until FAULT is switched on;
+    then row 0 of the normed output is off by 4.0 at each call (a stale cache on the Python path: a
+    captured graph replays the ops recorded before, and is not affected)."""
+    h, normed = add_rms_norm_reference(x, y, w, eps)
+    if FAULT["on"]:
+        normed = normed.clone()
+        normed[0] += 4.0
+    return h, normed
+
+
+for _op, _name, _fn in (("rms_norm", "test-shifted", shifted), ("add_rms_norm", "test-eager-only", eager_only)):
+    if _name not in registry.providers(_op):
+        registry.register(_op, _name, _fn)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_path):
+    provider = make_provider("cpu")
+    return Model(tiny_path, provider.device), provider
+
+
+@pytest.mark.parametrize("mode", ["piecewise", "full"])
+def test_a_fault_both_copies_share_is_found_by_the_third_copy_and_only_by_it(setup, mode):
+    model, provider = setup
+    with registry.using(rms_norm="test-shifted"):
+        blind = run_case(model, provider, Case("chain", mode), SEQ, reference_every=0)
+        seen = run_case(model, provider, Case("chain", mode), SEQ, reference_every=1)
+    assert not blind.diverged and blind.steps == len(SEQ.batches())  # eager == replay throughout
+    d = seen.divergence
+    assert d is not None and d.kind == CORRUPTION and d.departed == "both" and d.step == SEQ.batches()[0].step
+    assert "eager and replay agree" in d.reason and "exceeds the bound" in d.reason
+    assert "both departed" in d.where() and seen.to_json()["microscope"]["departed"] == "both"
+
+
+def test_the_eager_copy_departing_is_named(setup):
+    model, provider = setup
+    seq = default_sequence(seed=2, steps=24)
+    batches = seq.batches()
+    ls = Lockstep(lambda o: model.copy(o, num_slots=seq.num_slots), provider, "piecewise", Options(),
+                  max_tokens=seq.max_tokens, reference=ReferenceCopy(independent_copy(model, seq.num_slots, 0), 1))
+    captured, div = set(), None
+    with registry.using(add_rms_norm="test-eager-only"):
+        try:
+            for b in batches:
+                size = next(s for s in ls.graph.sizes if s >= b.num_tokens) if b.num_tokens <= max(ls.graph.sizes) \
+                    else None
+                FAULT["on"] = size in captured and len(captured) >= 2  # a step replaying an old capture
+                div = ls.step(b)
+                if div is not None:
+                    break
+                captured |= set(ls.graph.captured)
+        finally:
+            FAULT["on"] = False
+    assert div is not None and div.departed == "eager", div.line() if div else None
+    assert "agrees with replay" in div.reason
+
+
+def test_a_planted_graph_hazard_names_the_replay_copy(setup):
+    model, provider = setup
+    r = run_case(model, provider, Case("chain", "full", ("stale-pad",)), default_sequence(seed=0, steps=40))
+    assert r.detected and r.divergence.departed == "replay" and "agrees with eager" in r.divergence.reason
+
+
+def test_the_third_copy_owns_its_weights_and_checks_every_step_on_the_cpu_only(setup):
+    model, _ = setup
+    ref = ReferenceCopy(independent_copy(model, 8, 0), default_every("cpu"))
+    assert ref.every == 1 and default_every("cuda") > 1 and not ReferenceCopy(ref.copy, 0).due(0)
+    shared = {t.untyped_storage().data_ptr() for t in model.weights.__dict__.values() if isinstance(t, torch.Tensor)}
+    own = {t.untyped_storage().data_ptr() for t in ref.copy.submod0.w.__dict__.values() if isinstance(t, torch.Tensor)}
+    assert own and not (own & shared)
+    assert ref.intact()
+    next(t for t in ref.copy.submod0.w.__dict__.values() if isinstance(t, torch.Tensor) and t.is_floating_point()).add_(1)
+    assert not ref.intact()
+
+
+def test_the_cli_sets_the_cadence_and_refuses_it_where_there_is_no_third_copy(tiny_path, tmp_path):
+    import json
+
+    from repro.cli import main, parser
+    assert parser().parse_args(["run"]).reference_every is None
+    with pytest.raises(SystemExit):
+        parser().parse_args(["run", "--reference-every", "-1"])
+    assert main(["run", "--island", "forced_comm", "--tp", "2", "--reference-every", "4"]) == 2
+    with registry.using(rms_norm="test-shifted"):
+        off = main(["run", "--model", str(tiny_path), "--island", "submod0", "--steps", "6", "--reference-every", "0",
+                    "--json", str(tmp_path / "off.json")])
+        on = main(["run", "--model", str(tiny_path), "--island", "submod0", "--steps", "6",
+                   "--json", str(tmp_path / "on.json")])
+    assert (off, on) == (0, 1)  # the shared fault fails the run only with the third copy
+    assert json.loads((tmp_path / "on.json").read_text())["results"][0]["microscope"]["departed"] == "both"
