@@ -66,6 +66,10 @@ class RunnerOptions:
     # is forced on every step; a correct ordering reads the real values. Off: natural detection.
     amplify: bool = True
     amplify_us: int = 5000
+    # The capture-time lint (`graphs/lint.py`) also watches the splitting op, which runs eagerly
+    # between the graphs: at its first call of each kind (decode, prefill, mixed), then every
+    # `lint_every` steps (0: first calls only), so an op that goes wrong later is still seen.
+    lint_every: int = 64
 
 
 @dataclass(frozen=True)

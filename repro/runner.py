@@ -18,7 +18,7 @@ import torch
 
 from .batch import StepBatch
 from .capture import DEFAULT_SIZES, Graph, IslandRunner, OverIslandRunner, Piece, pad_size
-from .graphs.lint import Lint
+from .graphs.lint import Lint, LintSchedule
 from .islands.gdn import GDNMeta, Submod0, Submod1
 from .islands.layer import LayerCopy, collect
 from .options import HostCopy, Mode, Pad, RunnerOptions
@@ -91,7 +91,7 @@ class GraphRunner:
         self._amplified = False  # this step replayed on a delayed side stream
         self._producer_start = None  # timed event before this step's last delayed replay
         self._step = -1  # the step being run (what the race logs report)
-        self._core_linted: set = set()  # splitting-op call kinds (decode?, prefill?) linted once
+        self._lint = LintSchedule(opts.lint_every)  # when the eager splitting op is linted
         for isl in copy.islands():
             isl.escape = provider.escape
 
@@ -303,8 +303,7 @@ class GraphRunner:
         meta = batch.meta(c.device)
         kind = (batch.num_decodes > 0, batch.num_tokens > batch.num_decodes)
         core = (lambda: c.core(o0, meta, n))  # noqa: E731
-        fresh = core() if kind in self._core_linted else self._linted(core)
-        self._core_linted.add(kind)
+        fresh = self._linted(core) if self._lint.due(kind, batch.step) else core()
         if fresh.data_ptr() != o0["core_out"].data_ptr():
             self._note("alias", "gdn_core", "gdn_core returned a fresh tensor, not the core_out buffer graph 1 "
                        "captured: graph 1 reads the stale buffer unless the fresh tensor is copied into it")

@@ -106,3 +106,48 @@ def test_schedule_first_calls_then_every_n_steps(every, due):
 def test_schedule_rejects_a_negative_period():
     with pytest.raises(ValueError):
         LintSchedule(-1)
+
+
+# ---- the schedule in the runner -------------------------------------------------------------
+
+LATE = {"calls": 0, "from": 10**9}
+
+
+def _late_writer(q, k, v, g, beta, ssm_state, state_indices, sentinel):
+    """The reference decode, which from call LATE["from"] on also writes into `q` (not declared)."""
+    from kernels.gdn.reference import gated_delta_rule_decode_reference
+    LATE["calls"] += 1
+    out = gated_delta_rule_decode_reference(q, k, v, g, beta, ssm_state, state_indices, sentinel)
+    if LATE["calls"] >= LATE["from"]:
+        q[(0,) * q.dim()] += 1
+    return out
+
+
+@pytest.mark.parametrize("every, seen", [(0, False), (3, True)])
+def test_the_splitting_op_is_linted_on_a_schedule_not_only_at_first_calls(tiny_path, every, seen):
+    from dataclasses import replace
+
+    from kernels import registry
+    from repro.graphs import make_provider
+    from repro.islands import Model
+    from repro.job import default_sequence
+    from repro.lockstep import Lockstep
+    from repro.options import Options, RunnerOptions
+    if "test-late-writer" not in registry.providers("gated_delta_rule_decode"):
+        registry.register("gated_delta_rule_decode", "test-late-writer", _late_writer)
+    provider = make_provider("cpu")
+    model = Model(tiny_path, provider.device)
+    seq = default_sequence(seed=1, steps=14)
+    opts = Options(runner=replace(RunnerOptions(), lint_every=every))
+    ls = Lockstep(lambda o: model.copy(o, num_slots=seq.num_slots), provider, "piecewise", opts,
+                  max_tokens=seq.max_tokens)
+    LATE.update(calls=0, **{"from": 12})  # past every op kind's first call: the first-call lint saw it clean
+    try:
+        with registry.using(gated_delta_rule_decode="test-late-writer"):
+            for b in seq.batches():
+                ls.step(b)
+    finally:
+        LATE["from"] = 10**9
+    assert LATE["calls"] > 12
+    found = [f for f in ls.graph.findings if f.kind == "undeclared-mutation" and "`q`" in f.detail]
+    assert bool(found) is seen, [f.detail for f in ls.graph.findings]
