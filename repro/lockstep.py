@@ -300,7 +300,7 @@ class Lockstep:
         failure, or finds the corruption both copies share."""
         ref = self.reference.run(batch, self.pre)
         who, why, first = departed(batch, ref, {**e, **self._state(self.eager_copy)},
-                                   {**r, **self._state(self.replay_copy)})
+                                   {**r, **self._state(self.replay_copy)}, self.probe.logits)
         if who is not None and not self.reference.intact():
             why, who = "the reference copy's own weights changed: it was not consulted", None
         if div is not None:

@@ -80,15 +80,16 @@ def _digest(weights: dict) -> torch.Tensor:
     return torch.stack([digest_words(t) for t in weights.values()])
 
 
-def departed(batch, ref: dict, eager: dict, replay: dict):
+def departed(batch, ref: dict, eager: dict, replay: dict, logits=None):
     """(`replay` / `eager` / `both` / None, why, the first divergence from the reference of the
     copy that departed): which copy is beyond the oracle's bound of the reference's outputs and
-    state (`oracle.corruption`)."""
+    state (`oracle.corruption`; `logits(hidden)`: the canary head's, so a near-tie token flip is
+    rounding, not corruption)."""
     from .oracle import corruption
     keys = [k for k in ref if k in eager and k in replay]
     ref = {k: ref[k] for k in keys}
-    off_e = corruption(batch, ref, {k: eager[k] for k in keys}, ("reference", "eager"))
-    off_r = corruption(batch, ref, {k: replay[k] for k in keys}, ("reference", "replay"))
+    off_e = corruption(batch, ref, {k: eager[k] for k in keys}, ("reference", "eager"), logits=logits)
+    off_r = corruption(batch, ref, {k: replay[k] for k in keys}, ("reference", "replay"), logits=logits)
     who = {(False, True): "replay", (True, False): "eager", (True, True): "both"}.get((off_e is not None,
                                                                                         off_r is not None))
     if who is None:

@@ -24,8 +24,9 @@ KMATH = '''
 
 
     def _norm(x, w, eps):
+        """Gemma-style RMS norm (the suite's reference computes the same, up to summation order)."""
         v = x.float()
-        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + w.float())
 
 
     def wobble(x, w, eps):
