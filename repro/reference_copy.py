@@ -50,6 +50,10 @@ def independent_copy(model, num_slots: int, sentinel: int) -> LayerCopy:
 
 
 class ReferenceCopy:
+    """The third copy (module docstring): `run(batch, pre)` one step from state `pre`; `due(i)` on
+    the steps it checks; `intact()` its weights unchanged since load. Memory: one more copy of the
+    layer's weights and state cache, for the length of a case."""
+
     def __init__(self, copy: LayerCopy, every: int):
         self.copy, self.every = copy, every
         self.eager = EagerRunner(copy)
