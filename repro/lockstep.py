@@ -38,7 +38,7 @@ from .islands.layer import LayerCopy  # noqa: F401
 from .options import Options
 from .oracle import ChainProbe, IslandProbe
 from .runner import EagerRunner, GraphRunner, PieceRunner
-from .reference_copy import ReferenceCopy, departed
+from .reference_copy import ReferenceCopy, departed, name_weight_writer
 from .stepcheck import StepCheck, Verdict
 from .weights import copy_weights, island_weights  # noqa: F401 (re-exported)
 
@@ -253,6 +253,9 @@ class Lockstep:
                 div = weight_divergence(batch.step, verdict.weights, self.stepcheck.weights,
                                         self._weights_checked_at)
                 div.context = {"this_step": _step_context(batch, self.graph)}
+                if self.reference is not None:  # which op wrote it (issue 16.2)
+                    div.reason += name_weight_writer(self.reference, self.stepcheck.weights, verdict.weights,
+                                                     lambda: self.probe.exact(batch, self.pre))
             elif not verdict.clean:
                 div = locate(batch, verdict, e, r, se, sr)
             if self.stepcheck.weights and (self.stepcheck.calls - 1) % self.stepcheck.weight_every == 0:

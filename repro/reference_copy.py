@@ -28,6 +28,8 @@ import copy as _copy
 
 import torch
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 from kernels import registry
 
 from .islands.layer import LayerCopy
@@ -75,6 +77,10 @@ class ReferenceCopy:
         out.update({f"gdn_core.{k}": v for k, v in self.copy.cache.tensors().items()})
         return out
 
+    def pristine(self, name: str) -> torch.Tensor | None:
+        """Its copy of weight `name` (as `weights.copy_weights` names it), or None."""
+        return self._weights.get(name)
+
     def intact(self) -> bool:
         """Its weights still hold the bytes they had at load."""
         return torch.equal(_digest(self._weights), self._digest)
@@ -104,3 +110,50 @@ def departed(batch, ref: dict, eager: dict, replay: dict, logits=None):
            f"{'agrees with ' + agrees if agrees else 'agrees with neither'}: {who} departed, first at "
            f"{first.island}.{first.tensor} ({first.reason})")
     return who, why, first
+
+
+class WeightWatch(TorchDispatchMode):
+    """While active: the first op after which a watched weight no longer equals its pristine copy
+    (`first`: (op, its index among the ops run, weight name)). Custom ops are seen whole, so the op
+    named is the kernel that wrote it (issue 16.2)."""
+
+    def __init__(self, watched: dict):
+        super().__init__()
+        self.watched = watched  # name -> (live tensor, pristine copy)
+        self.calls = 0
+        self.first = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.calls += 1
+        if self.first is None:
+            for name, (live, ref) in self.watched.items():
+                if not torch.equal(live, ref):
+                    self.first = (str(func), self.calls, name)
+                    break
+        return out
+
+
+def name_weight_writer(reference: ReferenceCopy, weights: dict, changed: list, rerun) -> str:
+    """Which op wrote the changed weights: each is restored from the reference copy's own copy and
+    the step is run again eagerly (`rerun()`) under a `WeightWatch`; restored again afterwards.
+    Returns the clause the finding gets (empty without a usable reference copy)."""
+    pairs = {n: (weights[n], reference.pristine(n)) for n in changed if n in weights}
+    pairs = {n: (t, ref) for n, (t, ref) in pairs.items() if ref is not None and ref.shape == t.shape}
+    if not pairs or not reference.intact():
+        return ""
+    for t, ref in pairs.values():
+        t.copy_(ref)
+    watch = WeightWatch(pairs)
+    try:
+        with torch.inference_mode(), watch:
+            rerun()
+    finally:
+        for t, ref in pairs.values():
+            t.copy_(ref)
+    if watch.first is None:
+        return ("; restored from the third copy and the step re-run: nothing wrote it again (a one-time write, "
+                "or one that depends on more than this step)")
+    op, index, name = watch.first
+    return (f"; restored from the third copy and the step re-run: {op} (op {index} of the step's eager run) "
+            f"wrote {name} again; the weights are restored")

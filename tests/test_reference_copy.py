@@ -119,3 +119,45 @@ def test_the_cli_sets_the_cadence_and_refuses_it_where_there_is_no_third_copy(ti
                    "--json", str(tmp_path / "on.json")])
     assert (off, on) == (0, 1)  # the shared fault fails the run only with the third copy
     assert json.loads((tmp_path / "on.json").read_text())["results"][0]["microscope"]["departed"] == "both"
+
+
+WRITE = {"on": False, "once": False}
+
+
+def weight_writer(x, w, eps):
+    """`rms_norm` that, while WRITE is on, adds 1 to its weight in place (once, or at every call)."""
+    if WRITE["on"]:
+        w.add_(1.0)
+        if WRITE["once"]:
+            WRITE["on"] = False
+    return rms_norm_reference(x, w, eps)
+
+
+@pytest.mark.parametrize("once", [False, True])
+def test_a_weight_change_names_the_op_that_wrote_it_and_is_restored(setup, once):
+    model, provider = setup
+    if "test-weight-writer" not in registry.providers("rms_norm"):
+        registry.register("rms_norm", "test-weight-writer", weight_writer)
+    seq = default_sequence(seed=2, steps=10)
+    ref = ReferenceCopy(independent_copy(model, seq.num_slots, 0), 1)
+    ls = Lockstep(lambda o: model.copy(o, num_slots=seq.num_slots), provider, "piecewise", Options(),
+                  max_tokens=seq.max_tokens, reference=ref)
+    batches = seq.batches()
+    div = None
+    with registry.using(rms_norm="test-weight-writer"):
+        try:
+            for i, b in enumerate(batches):
+                WRITE.update(on=i == 3, once=once)
+                div = ls.step(b)
+                if div is not None:
+                    break
+        finally:
+            WRITE["on"] = False
+    assert div is not None and div.step == batches[3].step and div.kind == CORRUPTION
+    assert div.tensor == "layer.input_layernorm"  # submod0's norm: the first rms_norm of the step
+    if once:
+        assert "nothing wrote it again" in div.reason, div.reason
+    else:
+        assert "repro.rms_norm.default (op " in div.reason and "wrote" in div.reason, div.reason
+    restored = [n for n, t in ls.stepcheck.weights.items() if not torch.equal(t, ref.pristine(n))]
+    assert restored == [], restored
