@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_flatten
 
 from kernels.registry import KernelCall, recording
 
-from .compare import BATCH_VARIANCE, NONDETERMINISM
+from .compare import BATCH_VARIANCE, NONDETERMINISM, max_abs, nonfinite_side, same
 
 SCRIPT = "repro_kernel.py"
 INPUTS = "kernel_inputs.pt"
@@ -72,17 +72,11 @@ def _diff(x, y) -> float | None:
         pair = _narrow(a, b) if a.dtype == b.dtype else None
         if pair is None:
             return float("inf")
-        a, b = pair
-        if torch.equal(a, b):
+        if same(*pair):
             continue
-        if a.is_floating_point():
-            both = torch.isnan(a) & torch.isnan(b)
-            d = (a.double() - b.double()).abs().masked_fill(both, 0.0)
-            worst = max(worst, float(d.max()) if d.numel() else 0.0)
-            if worst != worst:  # NaN on one side only
-                return float("inf")
-        else:
-            return float("inf")
+        if not pair[0].is_floating_point() or nonfinite_side(*pair) is not None:
+            return float("inf")  # integers are exact; a non-finite value on one side is not rounding
+        worst = max(worst, max_abs(*pair))
     return worst
 
 
