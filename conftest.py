@@ -22,13 +22,17 @@ def pytest_runtest_logreport(report):
     """`--failure-log`: a run on a lent GPU machine can be stopped at its time limit, and pytest
     (with xdist) then prints no tracebacks; written here as each failure arrives, they survive."""
     path = getattr(pytest_runtest_logreport, "path", None)
-    if path and report.failed:
+    if path and report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):  # xdist: the controller writes
         with open(path, "a") as f:
             f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
 
 
 def pytest_configure(config):
     pytest_runtest_logreport.path = config.getoption("--failure-log")
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:  # xdist: each worker's torch would take every core (8 workers x 16 threads on 16 cores)
+        import torch
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     from repro.hunt import register_profiles, settings
     register_profiles()  # ci / dev / soak (not registered at import)
     settings.load_profile(config.getoption("--hypothesis-profile-name"))

@@ -8,9 +8,11 @@ half needs `pytest --device cuda` on a machine with an NVIDIA GPU; the tape half
 """
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -201,10 +203,12 @@ def test_an_op_returning_its_workspace_keeps_the_alias(provider):
 def test_a_pool_whose_graphs_were_all_released_refuses_a_capture(provider):
     """CUDA's allocator asserts `use_count > 0` when a capture asks for a pool id whose every graph
     was released while its memory is still in use (a held output here); the tape refuses the same
-    capture with the same kind, and a new pool captures on both. The GPU suite found this in the
-    runner (`forget` of the only captured size, then a capture into the old pool). On CUDA it runs
-    in a child process: the refusal is an internal assert of the allocator, and what it leaves
-    behind must not reach the other tests of this process."""
+    capture with the same kind. The GPU suite found this in the runner (`forget` of the only
+    captured size, then a capture into the old pool). On CUDA it runs in a child process: the
+    refusal is an internal assert of the allocator, and what it leaves behind must not reach the
+    other tests of this process. Nor is anything checked after it there: on an H200 the next
+    capture, into a new pool, then replayed a wrong value. That the runner's new pool captures and
+    replays, without the assert before it, is checked on both by the recapture test below."""
     if provider.device.type != "cpu":
         r = subprocess.run([sys.executable, "-c", RELEASED_POOL, provider.device.type], capture_output=True,
                            text=True, timeout=300, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -217,11 +221,11 @@ RELEASED_POOL = """
 import sys
 from repro.graphs import make_provider
 from tests.test_tape_agree import _released_pool
-print(*_released_pool(make_provider(sys.argv[1])))
+print(*_released_pool(make_provider(sys.argv[1]), after=False))
 """
 
 
-def _released_pool(provider):
+def _released_pool(provider, after=True):
     x = torch.ones(8, device=provider.device)
     pool = provider.new_pool()
     g, held = _capture_into(provider, pool, lambda: x * 2)
@@ -230,6 +234,8 @@ def _released_pool(provider):
         _capture_into(provider, pool, lambda: x * 3)
     kind = capture_refusal(err.value)
     assert kind == "released-pool", err.value
+    if not after:
+        return kind, "ok"
     g2, out = _capture_into(provider, provider.new_pool(), lambda: x * 3)  # the stream was given back
     _replay(provider, g2)
     assert torch.equal(out, x * 3) and torch.equal(held, x * 2)
@@ -241,6 +247,38 @@ def _capture_into(provider, pool, fn):
         fn()
         provider.synchronize()
         return provider.capture(fn, pool)
+
+
+def test_a_graph_left_in_a_reference_cycle_is_not_collected_inside_a_capture(provider):
+    """A cyclic collection inside a capture that frees a graph fails a CUDA capture (its reset is
+    not permitted while a stream captures: seen on an H200 in the state machine). With collection
+    on every allocation (threshold 1) and the old graph made cyclic garbage inside the captured
+    function, the graph survives to the capture's end, then is collected, and the capture replays."""
+    x = torch.ones(8, device=provider.device)
+    old = [_capture_into(provider, provider.new_pool(), lambda: x * 2)[0]]
+    freed = []
+    weakref.finalize(old[0], freed.append, True)
+    seen = []
+
+    def fn():
+        cycle = [old.pop()]
+        cycle.append(cycle)  # the graph is now reachable only through a cycle
+        del cycle
+        _ = [[i] for i in range(200)]  # allocations: a collection would run here
+        seen.append(bool(freed))
+        return x * 3
+
+    threshold = gc.get_threshold()
+    gc.set_threshold(1)
+    try:
+        with torch.inference_mode():
+            g, out = provider.capture(fn, provider.new_pool())
+    finally:
+        gc.set_threshold(*threshold)
+    gc.collect()
+    assert seen == [False] and freed == [True]
+    _replay(provider, g)
+    assert torch.equal(out, x * 3)
 
 
 @pytest.mark.parametrize("mode", ["piecewise", "full"])

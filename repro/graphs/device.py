@@ -13,6 +13,7 @@ import contextlib
 import torch
 
 from ..errors import DeviceUnavailable
+from .refusals import collection_paused
 
 
 class _WeakCuda:
@@ -94,7 +95,8 @@ class DeviceGraphProvider:
                 stream_ctx.__exit__(None, None, None)
             raise
         try:
-            out = fn()
+            with collection_paused():
+                out = fn()
         except BaseException:
             _end_capture(ctx)
             raise

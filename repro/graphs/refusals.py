@@ -31,6 +31,7 @@ unrecorded side queue is on a device.
 from __future__ import annotations
 
 import contextlib
+import gc
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
@@ -162,6 +163,24 @@ _HOST_METHODS = ("tolist", "numpy", "cpu")
 
 def _capturing(mode_type) -> bool:
     return any(isinstance(m, mode_type) for m in _get_current_dispatch_mode_stack())
+
+
+@contextlib.contextmanager
+def collection_paused():
+    """Python's cyclic garbage collector off for the length of a capture. A collection that runs
+    inside one (it starts whenever enough objects were allocated, so at no fixed place) can free a
+    `CUDAGraph` left in a reference cycle; its destructor's `cudaGraphExecDestroy` is not permitted
+    while a stream captures ("operation not permitted when stream is capturing (function reset)"),
+    and the capture fails with `cudaErrorStreamCaptureInvalidated`. Seen on an H200 in the state
+    machine, whose earlier examples leave runners behind; torch 2.11's `torch.cuda.graph` no longer
+    collects before a capture by default. The garbage is freed at the next collection after it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 @contextlib.contextmanager

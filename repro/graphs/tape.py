@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import BadInput
 from .pool import Arena
-from .refusals import SYNC_OPS, CaptureError, check, host_methods_refused
+from .refusals import SYNC_OPS, CaptureError, check, collection_paused, host_methods_refused
 
 aten = torch.ops.aten
 
@@ -214,7 +214,8 @@ class TapeProvider:
         graph = TapeGraph(pool)
         pool.add_user()
         weakref.finalize(graph, pool.drop_user)
-        with torch.inference_mode(), host_methods_refused(_Recorder), _Recorder(graph, self.device):
+        with (torch.inference_mode(), collection_paused(), host_methods_refused(_Recorder),
+              _Recorder(graph, self.device)):
             out = fn()
         return graph, out
 
