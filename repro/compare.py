@@ -19,10 +19,11 @@ GRAPH_HAZARD = "graph hazard"  # replay differs from an eager run of the same pa
 CORRUPTION = "corruption"  # beyond the calibrated bound, one-sided non-finite, or a changed canary: a failure
 BATCH_VARIANCE = "batch variance"  # exact-shape eager vs padded-shape eager, within the bound: a finding
 NONDETERMINISM = "nondeterminism"  # the same eager call on identical inputs differs: a finding
+ROUTING_TIE = "routing tie"  # the MoE router flipped an expert at a near-tie vs the reference copy: a finding
 FAILURES = (GRAPH_HAZARD, CORRUPTION)
 WEIGHTS = "weights"  # the `island` of a weight that changed (issue 16.2)
 UNOWNED = "no live request owns it"  # the note of a state slot written outside every live request
-KERNEL_FINDINGS = (BATCH_VARIANCE, NONDETERMINISM)
+KERNEL_FINDINGS = (BATCH_VARIANCE, NONDETERMINISM, ROUTING_TIE)
 
 
 def digest(t) -> str:

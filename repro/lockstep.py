@@ -160,6 +160,18 @@ def note_finding(table: dict, div: Divergence) -> None:
     entry["count"] += 1
 
 
+def _routing_finding(batch, ref: dict, eager: dict, ties: dict) -> Divergence:
+    """A `routing tie` finding: the first row whose expert flip a near-tie explains."""
+    from .compare import ROUTING_TIE, max_abs, row_owner
+    row = min(ties)
+    rid, slot = row_owner(batch, row)
+    d = max_abs(ref["submod1.hidden"][row], eager["submod1.hidden"][row])
+    return Divergence(batch.step, "submod1", "hidden", row, rid, slot, d, kind=ROUTING_TIE,
+                      reason=f"against the independent reference copy: {ties[row]}; the token's output moves by "
+                             f"a whole expert's share (|d| {d:.3g}), rounding, not corruption"
+                             + (f"; {len(ties)} rows at this step" if len(ties) > 1 else ""))
+
+
 def weight_divergence(step: int, changed: list[str], weights: dict, since: int | None = None) -> Divergence:
     """Corruption naming the most specific changed weight (the smallest: a row view of a stacked
     matrix before the matrix)."""
@@ -219,6 +231,8 @@ class Lockstep:
         self.stepcheck = StepCheck(weights, weight_every)
         self._weights_checked_at: int | None = None
         self.reference = reference  # the independent third copy (`reference_copy`), or None
+        if reference is not None:  # both run eagerly: their MoE inputs tell a router near-tie
+            self.eager_copy.moe.keep_input = reference.copy.moe.keep_input = True
 
     @staticmethod
     def _state(copy: LayerCopy) -> dict:
@@ -302,8 +316,10 @@ class Lockstep:
         """The step on the independent copy (`reference_copy`): says which copy departed from a
         failure, or finds the corruption both copies share."""
         ref = self.reference.run(batch, self.pre)
-        who, why, first = departed(batch, ref, {**e, **self._state(self.eager_copy)},
-                                   {**r, **self._state(self.replay_copy)}, self.probe.logits)
+        who, why, first, ties = departed(batch, ref, {**e, **self._state(self.eager_copy)},
+                                         {**r, **self._state(self.replay_copy)}, self.probe.logits, self._routing)
+        if ties:
+            note_finding(self.kernel_findings, _routing_finding(batch, ref, e, ties))
         if who is not None and not self.reference.intact():
             why, who = "the reference copy's own weights changed: it was not consulted", None
         if div is not None:
@@ -316,6 +332,13 @@ class Lockstep:
         first.reason = f"eager and replay agree, but {why}"
         first.context = {"this_step": _step_context(batch, self.graph)}
         return first
+
+    def _routing(self):
+        """(the reference copy's MoE input, the eager copy's, router weight, top_k) of this step."""
+        a, b = self.reference.copy.moe, self.eager_copy.moe
+        if a.last_input is None or b.last_input is None:
+            return None
+        return a.last_input, b.last_input, b.w.gate, b.cfg.num_experts_per_tok
 
     def resync(self) -> None:
         """After a kernel finding: the eager copy's state becomes the replay's (equal to the padded

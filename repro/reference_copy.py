@@ -35,6 +35,7 @@ from kernels import registry
 from .islands.layer import LayerCopy
 from .runner import EagerRunner
 from .stepcheck import digest_words
+from .oracle import excuse_rows
 from .weights import copy_weights
 
 DEVICE_EVERY = 16  # on a GPU the reference kernels cost several eager steps each
@@ -90,26 +91,47 @@ def _digest(weights: dict) -> torch.Tensor:
     return torch.stack([digest_words(t) for t in weights.values()])
 
 
-def departed(batch, ref: dict, eager: dict, replay: dict, logits=None):
+def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=None):
     """(`replay` / `eager` / `both` / None, why, the first divergence from the reference of the
-    copy that departed): which copy is beyond the oracle's bound of the reference's outputs and
-    state (`oracle.corruption`; `logits(hidden)`: the canary head's, so a near-tie token flip is
-    rounding, not corruption)."""
+    copy that departed, {row: why} of the rows a router near-tie explains): which copy is beyond
+    the oracle's bound of the reference's outputs and state (`oracle.corruption`; `logits(hidden)`:
+    the canary head's, so a near-tie token flip is rounding, not corruption; `routing()`: (the
+    reference's MoE input, the eager copy's, router weight, top_k) or None, so a near-tie expert
+    flip is too: `oracle.routing_ties`)."""
     from .oracle import corruption
     keys = [k for k in ref if k in eager and k in replay]
     ref = {k: ref[k] for k in keys}
+    ties = _router_ties(ref, eager, routing)
+    if ties:  # replay's rows are excused where they equal eager's (the same router input)
+        e_h, r_h = eager["submod1.hidden"], replay["submod1.hidden"]
+        eager = excuse_rows(eager, ref, ties)
+        replay = excuse_rows(replay, ref, [r for r in ties if torch.equal(r_h[r], e_h[r])])
     off_e = corruption(batch, ref, {k: eager[k] for k in keys}, ("reference", "eager"), logits=logits)
     off_r = corruption(batch, ref, {k: replay[k] for k in keys}, ("reference", "replay"), logits=logits)
     who = {(False, True): "replay", (True, False): "eager", (True, True): "both"}.get((off_e is not None,
                                                                                         off_r is not None))
     if who is None:
-        return None, "both copies are within the bound of the independent reference copy", None
+        return None, "both copies are within the bound of the independent reference copy", None, ties
     first = off_r if who == "replay" else off_e
     agrees = {"replay": "eager", "eager": "replay"}.get(who)
     why = (f"the independent reference copy (own weights, reference kernels) "
            f"{'agrees with ' + agrees if agrees else 'agrees with neither'}: {who} departed, first at "
            f"{first.island}.{first.tensor} ({first.reason})")
-    return who, why, first
+    return who, why, first, ties
+
+
+def _router_ties(ref: dict, eager: dict, routing) -> dict:
+    """The rows of `submod1.hidden` beyond the bound between reference and eager that a router
+    near-tie explains (`oracle.routing_ties`); {} without the MoE inputs."""
+    from .oracle import bound, routing_ties
+    got = routing() if routing is not None and "submod1.hidden" in ref and "submod1.hidden" in eager else None
+    if got is None:
+        return {}
+    x_ref, x_eager, router_w, top_k = got
+    a, b = ref["submod1.hidden"], eager["submod1.hidden"]
+    n = min(a.shape[0], x_ref.shape[0], x_eager.shape[0])
+    over = ((a[:n].float() - b[:n].float()).abs().amax(-1) > bound("submod1.hidden", a)).nonzero().flatten()
+    return routing_ties(x_ref, x_eager, router_w, top_k, over.tolist())
 
 
 class WeightWatch(TorchDispatchMode):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .compare import BATCH_VARIANCE, NONDETERMINISM, Divergence
+from .compare import KERNEL_FINDINGS, Divergence
 from .hazards import FINDING_KINDS
 
 
@@ -68,7 +68,7 @@ class CaseResult:
     def classification(self) -> str:
         """The table's `class` cell: the failure's kind, then each kernel finding with its count."""
         parts = [self.divergence.kind] if self.divergence is not None and self.divergence.kind else []
-        for kind in (BATCH_VARIANCE, NONDETERMINISM):
+        for kind in KERNEL_FINDINGS:
             if kind in self.kernel_findings:
                 parts.append(f"{kind} x{self.kernel_findings[kind]['count']}")
         return ", ".join(parts) or "-"

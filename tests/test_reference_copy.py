@@ -161,3 +161,61 @@ def test_a_weight_change_names_the_op_that_wrote_it_and_is_restored(setup, once)
         assert "repro.rms_norm.default (op " in div.reason and "wrote" in div.reason, div.reason
     restored = [n for n, t in ls.stepcheck.weights.items() if not torch.equal(t, ref.pristine(n))]
     assert restored == [], restored
+
+
+# ---- a router near-tie is rounding, not corruption (found by the H200 at step 784 with FLA) -------
+
+def _router(lead=1e-3, h=32, experts=6, seed=0):
+    """A router whose experts 1 and 2 lead every other; at x[0] = 0.01 expert 2 leads expert 1 by
+    `lead` / 100, and at x[0] = -0.01 expert 1 leads by as much: a near-tie for a small `lead`."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(experts, h, generator=g) * 0.01
+    w[1] = 1.0 / h
+    w[2] = w[1].clone()
+    w[2, 0] += lead
+    return w
+
+
+def _inputs(rows=2):
+    """The reference copy's router inputs, and an eager copy's that rounded its row 1 otherwise."""
+    x = torch.ones(rows, 32)
+    x[:, 0] = 0.01
+    other = x.clone()
+    other[1, 0] = -0.01  # within the inputs' bound (16 bf16 ulps of 1), and expert 1 now leads
+    return x, other
+
+
+def test_a_router_flip_at_a_near_tie_is_excused_and_a_wide_one_is_not():
+    from repro.oracle import routing_ties
+    x, near = _inputs(3)
+    w = _router()
+    assert set(routing_ties(x, near, w, 1, [0, 1, 2])) == {1}
+    assert routing_ties(x, x, w, 1, [0, 1, 2]) == {}  # the same experts: nothing to excuse
+    moved = x.clone()
+    moved[1, :16] = -1.0  # the router input moved by more than rounding: never excused
+    assert routing_ties(x, moved, w, 1, [1]) == {}
+    x2, far = x.clone(), x.clone()
+    x2[1, 0], far[1, 0] = 0.01, -0.1  # inputs within their bound, but the flip's margin is not
+    assert routing_ties(x2, far, _router(lead=10.0), 1, [1]) == {}
+
+
+def test_departed_excuses_the_rows_a_router_tie_explains_and_nothing_else():
+    from repro.batch import StepBatch
+    from repro.reference_copy import departed
+    w = _router()
+    x_ref, x_eager = _inputs()
+    h = torch.randn(2, 8, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    ref = {"submod1.hidden": h, "head.token_ids": torch.tensor([3, 4])}
+    moved = h.clone()
+    moved[1] += 2.0  # a whole expert's share on the flipped row, and its canary token changed
+    eager = {"submod1.hidden": moved, "head.token_ids": torch.tensor([3, 5])}
+    batch = StepBatch([0, 1], [1, 2], [1, 1], [True, True], [7, 8], step=5, live_slots=[1, 2])
+    routing = lambda: (x_ref, x_eager, w, 1)  # noqa: E731
+    who, why, first, ties = departed(batch, ref, eager, dict(eager), routing=routing)
+    assert who is None and set(ties) == {1}, why
+    who, _, first, ties = departed(batch, ref, eager, dict(eager))  # without the MoE inputs
+    assert who == "both" and first.tensor == "hidden" and ties == {}
+    worse = {k: v.clone() for k, v in eager.items()}
+    worse["submod1.hidden"][0] += 2.0  # row 0 moved too, and its router did not flip
+    who, _, first, ties = departed(batch, ref, worse, dict(worse), routing=routing)
+    assert who == "both" and first.row == 0 and set(ties) == {1}

@@ -87,6 +87,11 @@ class DeviceGraphProvider:
         if stream is not None:
             kw["stream"] = stream
         ctx = self._graph_ctx(graph, **kw)
+        with collection_paused():  # from before capture_begin (inside __enter__) to after capture_end
+            return graph, self._captured(ctx, fn)
+
+    @staticmethod
+    def _captured(ctx, fn):
         try:
             ctx.__enter__()
         except BaseException:  # capture_begin refused (e.g. a released pool): its stream is current
@@ -95,13 +100,12 @@ class DeviceGraphProvider:
                 stream_ctx.__exit__(None, None, None)
             raise
         try:
-            with collection_paused():
-                out = fn()
+            out = fn()
         except BaseException:
             _end_capture(ctx)
             raise
         _end_capture(ctx, reraise=True)
-        return graph, out
+        return out
 
     def release(self, graph, tensors):
         """No-op here: the runner replaces its strong references by `weak_alias` itself."""

@@ -13,8 +13,14 @@ class MoEBlock:
 
     def __init__(self, cfg: ModelConfig, layer: LayerWeights):
         self.cfg, self.w = cfg, layer.moe
+        # `keep_input`: hold the last input (eager copies only, never one that captures: a held
+        # intermediate would change the pool), so the oracle can tell a router near-tie
+        # (`oracle.routing_ties`) from corruption
+        self.keep_input, self.last_input = False, None
 
     def __call__(self, x):
+        if self.keep_input:
+            self.last_input = x
         m, e = self.w, self.w.experts
         return ops.moe(x, m.gate, e.w13, e.w13_scale, e.w2, e.w2_scale,
                        m.shared_gate_up.weight, m.shared_gate_up.scale,
