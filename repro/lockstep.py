@@ -32,8 +32,8 @@ import torch
 
 from .batch import StepBatch
 from .capture import DEFAULT_SIZES
-from .compare import (CORRUPTION, KERNEL_FINDINGS, UNOWNED, WEIGHTS, Divergence, compare_outputs,  # noqa: F401
-                      compare_slots, compare_step, digest, first_row, max_abs, row_owner)
+from .compare import (CORRUPTION, KERNEL_FINDINGS, ROUTING_TIE, UNOWNED, WEIGHTS, Divergence,  # noqa: F401
+                      compare_outputs, compare_slots, compare_step, digest, first_row, max_abs, row_owner)
 from .islands.layer import LayerCopy  # noqa: F401
 from .options import Options
 from .oracle import ChainProbe, IslandProbe
@@ -162,13 +162,13 @@ def note_finding(table: dict, div: Divergence) -> None:
 
 def _routing_finding(batch, ref: dict, eager: dict, ties: dict) -> Divergence:
     """A `routing tie` finding: the first row whose expert flip a near-tie explains."""
-    from .compare import ROUTING_TIE, max_abs, row_owner
     row = min(ties)
     rid, slot = row_owner(batch, row)
     d = max_abs(ref["submod1.hidden"][row], eager["submod1.hidden"][row])
     return Divergence(batch.step, "submod1", "hidden", row, rid, slot, d, kind=ROUTING_TIE,
-                      reason=f"against the independent reference copy: {ties[row]}; the token's output moves by "
-                             f"a whole expert's share (|d| {d:.3g}), rounding, not corruption"
+                      reason=f"against the independent reference copy: {ties[row]}; an expert flip moves its "
+                             f"token's rows by a whole expert's share (here |d| {d:.3g} in submod1.hidden): rounding, "
+                             "not corruption"
                              + (f"; {len(ties)} rows at this step" if len(ties) > 1 else ""))
 
 

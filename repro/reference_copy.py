@@ -121,17 +121,21 @@ def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=N
 
 
 def _router_ties(ref: dict, eager: dict, routing) -> dict:
-    """The rows of `submod1.hidden` beyond the bound between reference and eager that a router
-    near-tie explains (`oracle.routing_ties`); {} without the MoE inputs."""
-    from .oracle import bound, routing_ties
-    got = routing() if routing is not None and "submod1.hidden" in ref and "submod1.hidden" in eager else None
+    """The rows where a tensor the MoE feeds (`oracle.ROUTED`) is beyond its bound between reference
+    and eager, or the canary token changed, that a router near-tie explains
+    (`oracle.routing_ties`); {} without the MoE inputs."""
+    from .oracle import ROUTED, bound, routing_ties
+    got = routing() if routing is not None else None
     if got is None:
         return {}
     x_ref, x_eager, router_w, top_k = got
-    a, b = ref["submod1.hidden"], eager["submod1.hidden"]
-    n = min(a.shape[0], x_ref.shape[0], x_eager.shape[0])
-    over = ((a[:n].float() - b[:n].float()).abs().amax(-1) > bound("submod1.hidden", a)).nonzero().flatten()
-    return routing_ties(x_ref, x_eager, router_w, top_k, over.tolist())
+    n = min(x_ref.shape[0], x_eager.shape[0])
+    over = torch.zeros(n, dtype=torch.bool, device=x_ref.device)
+    for k in (k for k in ROUTED if k in ref and k in eager):
+        a, b = ref[k][:n], eager[k][:n]
+        d = (a.float() - b.float()).abs()
+        over |= (d.amax(-1) if d.dim() > 1 else d) > bound(k, ref[k])
+    return routing_ties(x_ref, x_eager, router_w, top_k, over.nonzero().flatten().tolist())
 
 
 class WeightWatch(TorchDispatchMode):
