@@ -160,6 +160,22 @@ def routing_ties(x_ref: torch.Tensor, x_other: torch.Tensor, router_w: torch.Ten
     return out
 
 
+def router_ties(ref: dict, other: dict, routing) -> dict:
+    """The rows where a tensor the MoE feeds (`ROUTED`) is beyond its bound between `ref` and
+    `other`, or the canary token changed, that a router near-tie explains (`routing_ties`);
+    `routing()`: (ref's MoE input, other's, router weight, top_k), or None: then {}."""
+    got = routing() if routing is not None else None
+    if got is None:
+        return {}
+    x_ref, x_other, router_w, top_k = got
+    n = min(x_ref.shape[0], x_other.shape[0], *(ref[k].shape[0] for k in ROUTED if k in ref))
+    over = torch.zeros(n, dtype=torch.bool, device=x_ref.device)
+    for k in (k for k in ROUTED if k in ref and k in other):
+        d = (ref[k][:n].float() - other[k][:n].float()).abs()
+        over |= (d.amax(-1) if d.dim() > 1 else d) > bound(k, ref[k])
+    return routing_ties(x_ref, x_other, router_w, top_k, over.nonzero().flatten().tolist())
+
+
 def excuse_rows(other: dict, ref: dict, rows) -> dict:
     """`other` with `rows` of the `ROUTED` tensors set to `ref`'s (a router near-tie there)."""
     if not rows:
@@ -184,14 +200,16 @@ CONFIRM_RUNS = 4
 
 
 def decide(batch, div: Divergence, eager: dict, replay: dict, exact: tuple, padded: tuple | None,
-           size: int | None, logits=None, rerun=None, rerun_exact=None) -> Divergence:
+           size: int | None, logits=None, rerun=None, rerun_exact=None, routing=None) -> Divergence:
     """Classify `div` (the first eager/replay difference) from the probe runs: `exact` = two exact-
     shape eager runs, `padded` = two padded-shape eager runs (None: the step ran unpadded), all
     from the same pre-step state; `logits(hidden)`: the canary head's logits (for `tie_flip`);
     `rerun()`: one more run of the reference (padded, or exact when unpadded), for `CONFIRM_RUNS`;
     `rerun_exact()`: one more exact-shape run, so batch variance is only claimed against an exact
     run that reproduces (a kernel whose call-to-call noise is under an ulp often draws equal bits
-    twice). Returns `div` with kind, reason (and bound), or the corruption found elsewhere."""
+    twice); `routing()`: (the exact run's MoE input, the padded run's, router weight, top_k), so an
+    expert flip at a near-tie between the two shapes is batch variance (`routing_ties`). Returns
+    `div` with kind, reason (and bound), or the corruption found elsewhere."""
     noise = _noise(*exact)
     if padded is not None:
         for k, v in _noise(*padded).items():
@@ -226,7 +244,8 @@ def decide(batch, div: Divergence, eager: dict, replay: dict, exact: tuple, padd
         if hz.nonfinite is not None:
             div.nonfinite = hz.nonfinite
         return div
-    bad = corruption(batch, eager, replay, ("eager", "replay"), logits=logits)
+    ties = router_ties(eager, replay, routing) if padded is not None else {}
+    bad = corruption(batch, eager, excuse_rows(replay, eager, ties), ("eager", "replay"), logits=logits)
     if bad is not None:
         bad.reason += f"; replay equals the eager run padded to {size} rows"
         return bad
@@ -238,6 +257,9 @@ def decide(batch, div: Divergence, eager: dict, replay: dict, exact: tuple, padd
     div.kind, div.bound = BATCH_VARIANCE, bound(f"{div.island}.{div.tensor}", eager[f"{div.island}.{div.tensor}"])
     div.reason = (f"replay equals an eager run padded to {size} rows bit for bit; the exact-shape eager "
                   f"run rounds differently, within {ULPS['default']} bf16 ulps of each tensor's magnitude")
+    if ties:
+        div.reason += (f", except {len(ties)} row(s) whose MoE expert flipped between the two shapes: "
+                       f"{ties[min(ties)]}")
     return div
 
 
@@ -250,6 +272,8 @@ class ChainProbe:
     def __init__(self, copy: LayerCopy, runner):
         self.copy, self.runner = copy, runner
         self.eager = EagerRunner(copy)
+        copy.moe.keep_input = True  # never captures: the MoE inputs of the last exact and padded runs
+        self.moe_in: dict = {}
 
     def padded_size(self, batch) -> int | None:
         """The row count the replay ran this step at (None: the runner ran it eagerly)."""
@@ -269,7 +293,14 @@ class ChainProbe:
 
     def exact(self, batch, pre: dict) -> dict:
         self._load(pre)
-        return self._with_state(self.eager.step(batch))
+        out = self._with_state(self.eager.step(batch))
+        self.moe_in["exact"] = self.copy.moe.last_input
+        return out
+
+    def routing(self):
+        """(the last exact run's MoE input, the last padded run's, router weight, top_k), or None."""
+        x, y, m = self.moe_in.get("exact"), self.moe_in.get("padded"), self.copy.moe
+        return None if x is None or y is None else (x, y, m.w.gate, m.cfg.num_experts_per_tok)
 
     def padded(self, batch, pre: dict, size: int) -> dict:
         self._load(pre)
@@ -295,16 +326,18 @@ class ChainProbe:
                         o0["core_out"][:n].copy_(core)
                     o1 = c.submod1(core_out=o0["core_out"], z=o0["z"], residual=o0["residual"])
             tok = c.head(hidden=o1["hidden"][:n])["token_ids"]
+        self.moe_in["padded"] = c.moe.last_input
         return self._with_state(collect(o0, o1, tok, n, core))
 
     def classify(self, batch, div: Divergence, eager: dict, replay: dict, pre: dict) -> Divergence:
         """`eager`/`replay`: each copy's outputs plus its whole state (`gdn_core.<name>` keys)."""
+        self.moe_in.clear()
         exact = (self.exact(batch, pre), self.exact(batch, pre))
         size = self.padded_size(batch)
         padded = (self.padded(batch, pre, size), self.padded(batch, pre, size)) if size is not None else None
         rerun = (lambda: self.padded(batch, pre, size)) if size is not None else (lambda: self.exact(batch, pre))
         return decide(batch, div, eager, replay, exact, padded, size, self.logits, rerun,
-                      lambda: self.exact(batch, pre))
+                      lambda: self.exact(batch, pre), self.routing)
 
     def kernel_case(self, batch, kind: str, pre: dict):
         """The kernel call that shows a `kind` finding at this step (`kernelcase.locate`), or None."""

@@ -34,13 +34,14 @@ import copy as _copy
 import torch
 
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from kernels import registry
 
 from .islands.layer import LayerCopy
 from .runner import EagerRunner
 from .stepcheck import digest_words
-from .oracle import excuse_rows
+from .oracle import excuse_rows, router_ties
 from .weights import copy_weights
 
 DEVICE_EVERY = 16  # on a GPU the reference kernels cost several eager steps each
@@ -106,7 +107,7 @@ def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=N
     from .oracle import corruption
     keys = [k for k in ref if k in eager and k in replay]
     ref = {k: ref[k] for k in keys}
-    ties = _router_ties(ref, eager, routing)
+    ties = router_ties(ref, eager, routing)
     if ties:  # replay's rows are excused where they equal eager's (the same router input)
         e_h, r_h = eager["submod1.hidden"], replay["submod1.hidden"]
         eager = excuse_rows(eager, ref, ties)
@@ -125,24 +126,6 @@ def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=N
     return who, why, first, ties
 
 
-def _router_ties(ref: dict, eager: dict, routing) -> dict:
-    """The rows where a tensor the MoE feeds (`oracle.ROUTED`) is beyond its bound between reference
-    and eager, or the canary token changed, that a router near-tie explains
-    (`oracle.routing_ties`); {} without the MoE inputs."""
-    from .oracle import ROUTED, bound, routing_ties
-    got = routing() if routing is not None else None
-    if got is None:
-        return {}
-    x_ref, x_eager, router_w, top_k = got
-    n = min(x_ref.shape[0], x_eager.shape[0])
-    over = torch.zeros(n, dtype=torch.bool, device=x_ref.device)
-    for k in (k for k in ROUTED if k in ref and k in eager):
-        a, b = ref[k][:n], eager[k][:n]
-        d = (a.float() - b.float()).abs()
-        over |= (d.amax(-1) if d.dim() > 1 else d) > bound(k, ref[k])
-    return routing_ties(x_ref, x_eager, router_w, top_k, over.nonzero().flatten().tolist())
-
-
 class WeightWatch(TorchDispatchMode):
     """While active: the first op after which a watched weight no longer equals its pristine copy
     (`first`: (op, its index among the ops run, weight name)). Custom ops are seen whole, so the op
@@ -153,10 +136,17 @@ class WeightWatch(TorchDispatchMode):
         self.watched = watched  # name -> (live tensor, pristine copy)
         self.calls = 0
         self.first = None
+        # the ops handed a watched weight's storage (a one-time write went through one of them)
+        self._storage = {live.untyped_storage().data_ptr(): name for name, (live, _) in watched.items()}
+        self.handed: dict = {}  # name -> [(op, index)]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.calls += 1
+        for t in tree_leaves((args, kwargs or {})):
+            name = self._storage.get(t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else None
+            if name is not None and len(self.handed.setdefault(name, [])) < 4:
+                self.handed[name].append((str(func), self.calls))
         if self.first is None:
             for name, (live, ref) in self.watched.items():
                 if not torch.equal(live, ref):
@@ -183,8 +173,12 @@ def name_weight_writer(reference: ReferenceCopy, weights: dict, changed: list, r
         for t, ref in pairs.values():
             t.copy_(ref)
     if watch.first is None:
+        handed = sorted({c for calls in watch.handed.values() for c in calls}, key=lambda c: c[1])
+        who = (f"; the ops the step hands it to: {', '.join(f'{op} (op {i})' for op, i in handed)}" if handed else
+               "; no op of the step is handed its storage (a write from outside the step, or through a stray "
+               "pointer)")
         return ("; restored from the third copy and the step re-run: nothing wrote it again (a one-time write, "
-                "or one that depends on more than this step)")
+                f"or one that depends on more than this step){who}")
     op, index, name = watch.first
     return (f"; restored from the third copy and the step re-run: {op} (op {index} of the step's eager run) "
             f"wrote {name} again; the weights are restored")

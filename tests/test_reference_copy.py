@@ -155,8 +155,9 @@ def test_a_weight_change_names_the_op_that_wrote_it_and_is_restored(setup, once)
             WRITE["on"] = False
     assert div is not None and div.step == batches[3].step and div.kind == CORRUPTION
     assert div.tensor == "layer.input_layernorm"  # submod0's norm: the first rms_norm of the step
-    if once:
-        assert "nothing wrote it again" in div.reason, div.reason
+    if once:  # not written again; the ops that can have written it are named
+        assert "nothing wrote it again" in div.reason and "hands it to: repro.rms_norm.default (op " in div.reason, \
+            div.reason
     else:
         assert "repro.rms_norm.default (op " in div.reason and "wrote" in div.reason, div.reason
     restored = [n for n, t in ls.stepcheck.weights.items() if not torch.equal(t, ref.pristine(n))]
@@ -231,8 +232,29 @@ def nudged(x, y, w, eps):
     return h, (normed.float() + step * p).to(normed.dtype)
 
 
-if "test-nudged" not in registry.providers("add_rms_norm"):
-    registry.register("add_rms_norm", "test-nudged", nudged)
+def nudged_when_even(x, y, w, eps):
+    """Batch-variant: `nudged` at an even row count (the padded sizes), `reference` at an odd one."""
+    return (nudged if x.shape[0] % 2 == 0 else add_rms_norm_reference)(x, y, w, eps)
+
+
+for _name, _fn in (("test-nudged", nudged), ("test-nudged-when-even", nudged_when_even)):
+    if _name not in registry.providers("add_rms_norm"):
+        registry.register("add_rms_norm", _name, _fn)
+
+
+def _tied_router_model(tiny_path, provider):
+    """The tiny model with a router of near-ties: two groups of three experts whose rows differ by
+    a small multiple of `nudged`'s column pattern, so a nudge can move the third-ranked expert in
+    or out of the top 2."""
+    model = Model(tiny_path, provider.device)
+    gate = model.weights.moe.gate
+    v = torch.randn(gate.shape[1], generator=torch.Generator().manual_seed(0)) * 0.1
+    p = torch.ones(gate.shape[1])
+    p[1::2] = -1
+    rows = [v, v + 0.002 * p, v + 0.004 * p, -v, -v + 0.002 * p, -v + 0.004 * p]
+    rows += [torch.zeros_like(v)] * (gate.shape[0] - len(rows))
+    gate.copy_(torch.stack(rows).to(gate.dtype))
+    return model
 
 
 def test_router_flips_at_near_ties_in_a_whole_run_are_findings_not_corruption(tiny_path, monkeypatch):
@@ -244,15 +266,7 @@ def test_router_flips_at_near_ties_in_a_whole_run_are_findings_not_corruption(ti
     `routing tie` finding and the run is clean."""
     from repro.compare import ROUTING_TIE
     provider = make_provider("cpu")
-    model = Model(tiny_path, provider.device)
-    gate = model.weights.moe.gate
-    g = torch.Generator().manual_seed(0)
-    v = torch.randn(gate.shape[1], generator=g) * 0.1
-    p = torch.ones(gate.shape[1])
-    p[1::2] = -1
-    rows = [v, v + 0.002 * p, v + 0.004 * p, -v, -v + 0.002 * p, -v + 0.004 * p]
-    rows += [torch.zeros_like(v)] * (gate.shape[0] - len(rows))
-    gate.copy_(torch.stack(rows).to(gate.dtype))
+    model = _tied_router_model(tiny_path, provider)
     seq = default_sequence(seed=4, steps=24)
 
     def run():
@@ -272,3 +286,33 @@ def test_router_flips_at_near_ties_in_a_whole_run_are_findings_not_corruption(ti
     monkeypatch.setattr(Lockstep, "_routing", lambda self: None)
     div, _ = run()
     assert div is not None and div.kind == CORRUPTION and div.departed == "both" and div.island == "submod1"
+
+
+def test_an_expert_flip_between_the_eager_and_the_padded_shape_is_batch_variance(tiny_path, monkeypatch):
+    """The two-copy oracle: a kernel that rounds otherwise at the padded row count flips experts at
+    the router's near-ties between the exact-shape eager run and the padded replay. Each such step
+    is batch variance (the replay equals the padded eager run bit for bit), named as an expert flip;
+    without the MoE inputs it would be corruption."""
+    from repro.compare import BATCH_VARIANCE
+    from repro.oracle import ChainProbe
+    provider = make_provider("cpu")
+    model = _tied_router_model(tiny_path, provider)
+    seq = default_sequence(seed=4, steps=24)
+
+    def run():
+        ls = Lockstep(lambda o: model.copy(o, num_slots=seq.num_slots), provider, "piecewise", Options(),
+                      max_tokens=seq.max_tokens)
+        with registry.using(add_rms_norm="test-nudged-when-even"):
+            for b in seq.batches():
+                div = ls.step(b)
+                if div is not None:
+                    return div, ls
+        return None, ls
+
+    div, ls = run()
+    assert div is None, div.line()
+    flips = [v["first"] for k, v in ls.kernel_findings.items() if k == BATCH_VARIANCE]
+    assert flips and ls.kernel_findings[BATCH_VARIANCE]["count"] >= 1
+    monkeypatch.setattr(ChainProbe, "routing", lambda self: None)
+    div, _ = run()
+    assert div is not None and div.kind == CORRUPTION and div.island in ("submod1", "head"), div
