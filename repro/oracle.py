@@ -154,8 +154,8 @@ def routing_ties(x_ref: torch.Tensor, x_other: torch.Tensor, router_w: torch.Ten
             if len(close):
                 i, j = (int(v) for v in close[0])
                 out[r] = (f"row {r}: a router near-tie: expert {int(e[i])} (in the top {top_k}) leads expert "
-                          f"{int(f[j])} by {float(margin[i, j]):.3g}, within the {float(slack[i, j]):.3g} that the router inputs' "
-                          f"difference ({dx:.3g}, within their bound) and the logits' rounding can move")
+                          f"{int(f[j])} by {float(margin[i, j]):.3g}, within the {float(slack[i, j]):.3g} that the "
+                          f"router inputs' difference ({dx:.3g}, within their bound) and the logits' rounding can move")
                 break
     return out
 
