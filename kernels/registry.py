@@ -246,6 +246,17 @@ def impl(op: str) -> Callable:
 # package's function through it (FLA's `fused_recurrent_gated_delta_rule`), and a plugin's provider
 # is called through it by `impl`. Under `recording()` each call is kept with its inputs as they
 # were before the call, its result, and its tensor arguments after it (what it wrote in place).
+# A wheel's torch op (vllm-xpu-kernels' `torch.ops._C.gemma_rms_norm`) is a `call` too; the
+# Python modules that register its namespace are declared with `op_library`, so a script can load
+# them before it looks the op up.
+
+_op_libraries: dict[str, tuple[str, ...]] = {}
+
+
+def op_library(namespace: str, *modules: str) -> None:
+    """Importing `modules` registers the torch ops of `namespace` (`torch.ops.<namespace>`)."""
+    _op_libraries[namespace] = modules
+
 
 @dataclass
 class KernelCall:
@@ -256,8 +267,26 @@ class KernelCall:
     after: tuple
 
     @property
+    def op(self) -> tuple[str, str] | None:
+        """(namespace, name) when `fn` is a torch op (`torch.ops.<namespace>.<name>`), else None."""
+        qualified = getattr(self.fn, "_qualified_op_name", None) or getattr(self.fn, "_name", None)
+        if not isinstance(qualified, str) or "::" not in qualified:
+            return None
+        namespace, name = qualified.split("::", 1)
+        return namespace, name.split(".")[0]
+
+    @property
+    def where(self) -> tuple[str, str, tuple[str, ...]]:
+        """(module to import, attribute path in it, modules to import first) that find `fn` again."""
+        if self.op is not None:
+            namespace, name = self.op
+            return "torch", f"ops.{namespace}.{name}", _op_libraries.get(namespace, ())
+        return self.fn.__module__, self.fn.__qualname__, ()
+
+    @property
     def name(self) -> str:
-        return f"{self.fn.__module__}.{self.fn.__qualname__}"
+        module, path, _ = self.where
+        return f"{module}.{path}"
 
 
 _recording: list | None = None

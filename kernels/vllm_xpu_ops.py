@@ -23,9 +23,13 @@ import importlib.util
 
 import torch
 
+from kernels import registry
+
 WHEEL = "vllm-xpu-kernels"
 WHEEL_VERSION = "0.1.16.2"
 EXTENSIONS = ("vllm_xpu_kernels._C", "vllm_xpu_kernels._moe_C", "vllm_xpu_kernels._xpu_C")
+for _library in ("_C", "_moe_C"):  # a kernel report's script imports these before it finds the op
+    registry.op_library(_library, f"vllm_xpu_kernels.{_library}")
 
 # library -> {op name: schema}, as registered by the 0.1.16.2 wheel (only the ops we call).
 SCHEMAS = {

@@ -112,6 +112,8 @@ import sys
 import torch
 
 MODULE, QUALNAME, KIND = {module!r}, {qualname!r}, {kind!r}
+for name in {preload!r}:  # the modules that register the op's library
+    importlib.import_module(name)
 device = sys.argv[1] if len(sys.argv) > 1 else None
 case = torch.load(__file__.rsplit("/", 1)[0] + "/{inputs}" if "/" in __file__ else "{inputs}",
                   map_location=device, weights_only=True)
@@ -168,7 +170,7 @@ sys.exit(1 if worst > 0 else 0)
 
 def write_kernel_script(case: KernelCase, out: Path, title: str) -> list[str]:
     """Write `INPUTS` and `SCRIPT` into `out` (an existing folder); returns the names written."""
-    fn = case.call.fn
+    module, qualname, preload = case.call.where
     data = {"call": {"args": case.call.args, "kwargs": case.call.kwargs}}
     if case.kind == BATCH_VARIANCE:
         data["other"] = {"args": case.other.args, "kwargs": case.other.kwargs}
@@ -180,8 +182,8 @@ def write_kernel_script(case: KernelCase, out: Path, title: str) -> list[str]:
         what = ("It calls the function on the step's exact rows and on the same rows padded the way graph "
                 "replay pads them; the live rows' results differ.")
         compared = "exact rows vs the same rows padded, live rows"
-    text = _TEMPLATE.format(title=title, inputs=INPUTS, name=case.call.name, what=what, module=fn.__module__,
-                            qualname=fn.__qualname__, kind=case.kind, compared=compared)
+    text = _TEMPLATE.format(title=title, inputs=INPUTS, name=case.call.name, what=what, module=module,
+                            qualname=qualname, kind=case.kind, compared=compared, preload=tuple(preload))
     (out / SCRIPT).write_text(text)
     return [INPUTS, SCRIPT]
 

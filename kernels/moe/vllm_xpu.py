@@ -30,11 +30,12 @@ def moe_vllm_xpu(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w
     """`ns`: the namespace holding `topk_softmax` (default `torch.ops._moe_C`; a test passes its own)."""
     ns = namespace("_moe_C") if ns is None else ns
     T = x.shape[0]
-    weights = torch.empty(T, top_k, dtype=torch.float32, device=x.device)
-    ids = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
-    token_expert = torch.empty(T, top_k, dtype=torch.int32, device=x.device)
+    # zeros, not empty: a recorded call's inputs must repeat (`registry.call`)
+    weights = torch.zeros(T, top_k, dtype=torch.float32, device=x.device)
+    ids = torch.zeros(T, top_k, dtype=torch.int32, device=x.device)
+    token_expert = torch.zeros(T, top_k, dtype=torch.int32, device=x.device)
     logits = fixed_order_linear(x, router_w)
-    ns.topk_softmax(weights, ids, token_expert, logits, renormalize, None, None)
+    registry.call(ns.topk_softmax, weights, ids, token_expert, logits, renormalize, None, None)
     routed = routed_experts(x, weights, ids.long(), w13, w13_scale, w2, w2_scale)
     shared = shared_expert(x, shared_w13, shared_w13_scale, shared_w2, shared_w2_scale, int8_matmul_int_mm)
     return finish(x, routed, shared, shared_gate_w)

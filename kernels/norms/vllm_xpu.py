@@ -22,8 +22,8 @@ def rms_norm_vllm_xpu(x, w, eps, *, ns=None):
     """`ns`: the namespace holding `gemma_rms_norm` (default `torch.ops._C`; a test passes its own)."""
     ns = namespace("_C") if ns is None else ns
     flat = x.reshape(-1, x.shape[-1]).contiguous().clone()
-    out = torch.empty_like(flat)
-    ns.gemma_rms_norm(out, flat, w.to(flat.dtype).contiguous().clone(), eps)
+    out = torch.zeros_like(flat)  # zeros, not empty: a recorded call's inputs must repeat (`registry.call`)
+    registry.call(ns.gemma_rms_norm, out, flat, w.to(flat.dtype).contiguous().clone(), eps)
     return out.view(x.shape)
 
 
