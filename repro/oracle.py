@@ -161,16 +161,17 @@ def routing_ties(x_ref: torch.Tensor, x_other: torch.Tensor, router_w: torch.Ten
 
 
 def router_ties(ref: dict, other: dict, routing) -> dict:
-    """The rows where a tensor the MoE feeds (`ROUTED`) is beyond its bound between `ref` and
-    `other`, or the canary token changed, that a router near-tie explains (`routing_ties`);
-    `routing()`: (ref's MoE input, other's, router weight, top_k), or None: then {}."""
+    """The rows where a float tensor the MoE feeds (`ROUTED`) is beyond its bound between `ref` and
+    `other` that a router near-tie explains (`routing_ties`); the canary token of such a row is
+    excused with it, and a token flip alone is `tie_flip`'s to judge. `routing()`: (ref's MoE
+    input, other's, router weight, top_k), or None: then {}."""
     got = routing() if routing is not None else None
     if got is None:
         return {}
     x_ref, x_other, router_w, top_k = got
     n = min(x_ref.shape[0], x_other.shape[0], *(ref[k].shape[0] for k in ROUTED if k in ref))
     over = torch.zeros(n, dtype=torch.bool, device=x_ref.device)
-    for k in (k for k in ROUTED if k in ref and k in other):
+    for k in (k for k in ROUTED if k in ref and k in other and ref[k].is_floating_point()):
         d = (ref[k][:n].float() - other[k][:n].float()).abs()
         over |= (d.amax(-1) if d.dim() > 1 else d) > bound(k, ref[k])
     return routing_ties(x_ref, x_other, router_w, top_k, over.nonzero().flatten().tolist())
