@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from kernels import registry
+from kernels.moe.reference import routed_on_host
 
 from .islands.layer import LayerCopy
 from .runner import EagerRunner
@@ -78,7 +79,7 @@ class ReferenceCopy:
         """The step from state `pre`, reference kernels: outputs and whole new state."""
         for k, v in self.copy.cache.tensors().items():
             v.copy_(pre[k])
-        with registry.using(all="reference"):
+        with registry.using(all="reference"), routed_on_host():  # never captured: the used experts only
             out = self.eager.step(batch)
         self.runs += 1
         out.update({f"gdn_core.{k}": v for k, v in self.copy.cache.tensors().items()})

@@ -143,3 +143,23 @@ def test_fixed_order_linear_is_the_pairwise_sum_of_exact_products():
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, tree_sum(x.float()[:, None, :] * w.float()[None], -1).bfloat16())
     torch.testing.assert_close(got.double(), exact, rtol=1e-2, atol=1e-2)  # one bf16 rounding from exact
+
+
+@settings(max_examples=30, deadline=None)
+@given(T=st.integers(1, 12), E=st.integers(2, 12), top_k=st.integers(1, 4), quantized=st.booleans(),
+       ties=st.booleans(), seed=st.integers(0, 999))
+def test_routed_reference_is_the_reference_bit_for_bit(T, E, top_k, quantized, ties, seed):
+    """The third copy's MoE (`reference_routed`: only the experts in use, on their rows) gives the
+    dense reference's bits, W8A8 and bf16 experts, router ties included."""
+    from kernels.moe.reference import moe_reference, moe_reference_routed, routed_on_host
+    top_k = min(top_k, E)
+    args = list(moe_args(torch.Generator().manual_seed(seed), T=T, H=16, E=E, I=8, Is=8, top_k=top_k,
+                         quantized=quantized))
+    if ties:
+        router = args[1].clone()
+        router[1::2] = router[0::2][: router[1::2].shape[0]]
+        args[1] = router
+    dense = moe_reference(*args)
+    assert torch.equal(moe_reference_routed(*args), dense)
+    with registry.using(moe="reference"), routed_on_host():  # as the third copy calls it
+        assert torch.equal(moe(*args), dense)

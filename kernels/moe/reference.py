@@ -1,8 +1,11 @@
 """Reference MoE: top-k by repeated argmax, every expert run densely over all rows and masked.
 
 Never syncs with the host (graph-safe), but costs E x the routed work: for tests and small E.
+Under `routed_on_host()` it runs only the experts in use, with the same bits (the third copy).
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -24,8 +27,25 @@ def topk_lowest_index(probs: torch.Tensor, k: int):
     return torch.cat(values, dim=-1), torch.cat(ids, dim=-1)
 
 
+_ROUTED = {"on": False}
+
+
+@contextmanager
+def routed_on_host():
+    """Inside: `moe_reference` runs `moe_reference_routed` (the same bits, only the experts in
+    use, read on the host). For callers that never capture: the independent third copy."""
+    was, _ROUTED["on"] = _ROUTED["on"], True
+    try:
+        yield
+    finally:
+        _ROUTED["on"] = was
+
+
 def moe_reference(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
                   shared_w2, shared_w2_scale, shared_gate_w, top_k, renormalize):
+    if _ROUTED["on"]:
+        return moe_reference_routed(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
+                                    shared_w2, shared_w2_scale, shared_gate_w, top_k, renormalize)
     T, H = x.shape
     E, I2, _ = w13.shape
     weights, ids = topk_lowest_index(router_probs(x, router_w), top_k)
@@ -47,6 +67,43 @@ def moe_reference(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_
     routed = combine(weights, y.view(T, top_k, H))
     shared = shared_expert(x, shared_w13, shared_w13_scale, shared_w2, shared_w2_scale, int8_matmul_exact)
     return finish(x, routed, shared, shared_gate_w)
+
+
+def moe_reference_routed(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
+                         shared_w2, shared_w2_scale, shared_gate_w, top_k, renormalize):
+    """`moe_reference` for the experts the batch routes to only: the same bits at a fraction of
+    the cost when E is large (the third copy at 256 experts: issue 19). Which experts are used is
+    read on the host, so it is for eager use only (the independent third copy,
+    `repro.reference_copy`, never captures)."""
+    T, H = x.shape
+    weights, ids = topk_lowest_index(router_probs(x, router_w), top_k)
+    weights = renormalized(weights, renormalize)
+    pair_expert = ids.reshape(-1)
+    token = torch.arange(T, device=x.device).repeat_interleave(top_k)  # the token of each (token, k) pair
+    used = [(e, (pair_expert == e).nonzero().flatten()) for e in pair_expert.unique().tolist()]
+
+    def scale(s, e):
+        return None if s is None else s[e]
+
+    h = x.new_zeros(T * top_k, w13.shape[1])
+    for e, pairs in used:
+        h[pairs] = _on_rows(x, token[pairs], w13[e], scale(w13_scale, e))
+    act = silu_and_mul(h)
+    y = x.new_zeros(T * top_k, H)
+    for e, pairs in used:
+        y[pairs] = _on_rows(act, pairs, w2[e], scale(w2_scale, e))
+    routed = combine(weights, y.view(T, top_k, H))
+    shared = shared_expert(x, shared_w13, shared_w13_scale, shared_w2, shared_w2_scale, int8_matmul_exact)
+    return finish(x, routed, shared, shared_gate_w)
+
+
+def _on_rows(inputs, rows, w, w_scale):
+    """`dense_linear(inputs, w, w_scale)[rows]` with the dense loop's bits: a W8A8 expert runs on
+    those rows alone (per-token quantisation and exact integer products work row by row); a bf16
+    expert over every row, then selected (a library GEMM may round by row count)."""
+    if w_scale is None:
+        return dense_linear(inputs, w, None, int8_matmul_exact)[rows]
+    return dense_linear(inputs[rows], w, w_scale, int8_matmul_exact)
 
 
 registry.register("moe", "reference", moe_reference, group="moe")
