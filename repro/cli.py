@@ -163,6 +163,11 @@ def _run(a) -> int:
     print(format_table(results))
     print(f"{len(results)} runs, {len(seq.batches())} steps each at most, {time.perf_counter() - t0:.1f} s, "
           f"provider {provider.name} on {device_name(provider)}")
+    used = [(v, k, r) for r in results for k, v in r.bound_usage.items()]
+    if used:
+        v, k, r = max(used, key=lambda u: u[0])
+        print(f"against the third copy, rounding used at most {v:.3g} of its bound ({k}, {r.case.island} "
+              f"{r.case.mode}{' ' + ','.join(r.case.hazards) if r.case.hazards else ''}); per tensor: --json")
     from kernels import registry  # imported and checked by `_kernels` before the run
     doc = {"command": _command(a.argv), "device": device_name(provider), "graph_provider": provider.name,
            "torch": torch.__version__, "checkpoint": str(path), "seed": a.seed, "sentinel": a.sentinel,

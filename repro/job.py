@@ -77,7 +77,7 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
                            provider, batches, mode=case.mode, opts=opts,
                            sizes=sizes, trace=trace, progress=progress, max_tokens=seq.max_tokens, reference=ref)
     return CaseResult(case, res.steps, res.divergence, [f.to_json() for f in res.findings], res.eager_us,
-                      res.replay_us, res.kernel_findings, strict)
+                      res.replay_us, res.kernel_findings, strict, bound_usage=res.bound_usage)
 
 
 def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512) -> Sequence:

@@ -148,6 +148,7 @@ class LockstepResult:
     captures: int
     kernel_findings: dict = field(default_factory=dict)  # kind -> {"count": n, "first": Divergence}
     phases: dict = field(default_factory=dict)  # Phases.to_json()
+    bound_usage: dict = field(default_factory=dict)  # tensor -> largest |d| / bound against the third copy
 
     @property
     def diverged(self) -> bool:
@@ -231,6 +232,7 @@ class Lockstep:
         self.stepcheck = StepCheck(weights, weight_every)
         self._weights_checked_at: int | None = None
         self.reference = reference  # the independent third copy (`reference_copy`), or None
+        self.bound_usage: dict = {}  # tensor -> the largest |d| / bound against it (`oracle.corruption`)
         if reference is not None:  # both run eagerly: their MoE inputs tell a router near-tie
             self.eager_copy.moe.keep_input = reference.copy.moe.keep_input = True
 
@@ -317,7 +319,8 @@ class Lockstep:
         failure, or finds the corruption both copies share."""
         ref = self.reference.run(batch, self.pre)
         who, why, first, ties = departed(batch, ref, {**e, **self._state(self.eager_copy)},
-                                         {**r, **self._state(self.replay_copy)}, self.probe.logits, self._routing)
+                                         {**r, **self._state(self.replay_copy)}, self.probe.logits, self._routing,
+                                         self.bound_usage)
         if ties:
             note_finding(self.kernel_findings, _routing_finding(batch, ref, e, ties))
         if who is not None and not self.reference.intact():
@@ -351,7 +354,7 @@ class Lockstep:
         us = self.phases.us
         return LockstepResult(self.steps, div, list(self.graph.findings), us["eager"] / n,
                               us["replay"] / n, self.graph.replays, self.graph.captures,
-                              dict(self.kernel_findings), self.phases.to_json())
+                              dict(self.kernel_findings), self.phases.to_json(), dict(self.bound_usage))
 
 
 def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise", opts: Options = Options(),

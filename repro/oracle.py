@@ -91,12 +91,16 @@ def tie_flip(ref: dict, other: dict, logits) -> bool:
 
 
 def corruption(batch, ref: dict, other: dict, names: tuple, noise: dict | None = None,
-               logits=None) -> Divergence | None:
+               logits=None, usage: dict | None = None) -> Divergence | None:
     """The first tensor where `other` departs from `ref` beyond a rounding difference: a non-finite
     value in one copy only, a changed canary token (unless `tie_flip` with `logits(hidden)`), or
-    |d| above the calibrated bound (or above NOISE_FACTOR x the kernel's measured noise)."""
+    |d| above the calibrated bound (or above NOISE_FACTOR x the kernel's measured noise).
+    `usage`: {tensor: the largest |d| / bound seen} is raised for every tensor compared (how close
+    rounding comes to the bound: the bound's calibration, measured run by run)."""
     for key in ordered(ref):
         a, b = ref[key], other[key]
+        if usage is not None:
+            usage.setdefault(key, 0.0)  # 0: the same bits at every step
         if same(a, b) or (key == "head.token_ids" and tie_flip(ref, other, logits)):
             continue
         isl, name = key.split(".", 1)
@@ -110,6 +114,8 @@ def corruption(batch, ref: dict, other: dict, names: tuple, noise: dict | None =
         why = f"{ULPS.get(key, ULPS['default'])} bf16 ulps of max|x| {magnitude(a):.3g}"
         if noise and key in noise and NOISE_FACTOR * noise[key] > lim:
             lim, why = NOISE_FACTOR * noise[key], f"{NOISE_FACTOR:g}x the kernel's own noise {noise[key]:.3g}"
+        if usage is not None and lim > 0:
+            usage[key] = max(usage.get(key, 0.0), d / lim)
         if d > lim:
             reason = ("the canary token changed" if key == "head.token_ids"
                       else f"|d| {d:.3g} exceeds the bound {lim:.3g} ({why})")

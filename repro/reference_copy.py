@@ -98,13 +98,13 @@ def _digest(weights: dict) -> torch.Tensor:
     return torch.stack([digest_words(t) for t in weights.values()])
 
 
-def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=None):
+def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=None, usage: dict | None = None):
     """(`replay` / `eager` / `both` / None, why, the first divergence from the reference of the
     copy that departed, {row: why} of the rows a router near-tie explains): which copy is beyond
     the oracle's bound of the reference's outputs and state (`oracle.corruption`; `logits(hidden)`:
     the canary head's, so a near-tie token flip is rounding, not corruption; `routing()`: (the
     reference's MoE input, the eager copy's, router weight, top_k) or None, so a near-tie expert
-    flip is too: `oracle.routing_ties`)."""
+    flip is too: `oracle.routing_ties`; `usage`: raised as `oracle.corruption` raises it)."""
     from .oracle import corruption
     keys = [k for k in ref if k in eager and k in replay]
     ref = {k: ref[k] for k in keys}
@@ -113,8 +113,8 @@ def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=N
         e_h, r_h = eager["submod1.hidden"], replay["submod1.hidden"]
         eager = excuse_rows(eager, ref, ties)
         replay = excuse_rows(replay, ref, [r for r in ties if torch.equal(r_h[r], e_h[r])])
-    off_e = corruption(batch, ref, {k: eager[k] for k in keys}, ("reference", "eager"), logits=logits)
-    off_r = corruption(batch, ref, {k: replay[k] for k in keys}, ("reference", "replay"), logits=logits)
+    off_e = corruption(batch, ref, {k: eager[k] for k in keys}, ("reference", "eager"), logits=logits, usage=usage)
+    off_r = corruption(batch, ref, {k: replay[k] for k in keys}, ("reference", "replay"), logits=logits, usage=usage)
     who = {(False, True): "replay", (True, False): "eager", (True, True): "both"}.get((off_e is not None,
                                                                                         off_r is not None))
     if who is None:

@@ -41,6 +41,7 @@ class CaseResult:
     kernel_findings: dict = field(default_factory=dict)  # kind -> {"count": n, "first": Divergence}
     strict: bool = False  # kernel findings fail the case too
     ran: bool = True  # False: the run never reached this case (a rank died or hung first)
+    bound_usage: dict = field(default_factory=dict)  # tensor -> largest |d| / bound against the third copy
 
     @property
     def failure(self) -> Divergence | None:
@@ -83,7 +84,8 @@ class CaseResult:
                 "classification": self.classification, "strict": self.strict,
                 "kernel_findings": {k: {"count": v["count"], "first": v["first"].to_json()}
                                     for k, v in self.kernel_findings.items()},
-                "eager_us": round(self.eager_us, 1), "replay_us": round(self.replay_us, 1)}
+                "eager_us": round(self.eager_us, 1), "replay_us": round(self.replay_us, 1),
+                "bound_usage": {k: round(v, 4) for k, v in sorted(self.bound_usage.items())}}
 
 
 @dataclass

@@ -18,7 +18,10 @@ def test_run_baseline_exits_0_and_writes_the_json_contract(tiny_path, tmp_path, 
     r = d["results"][0]
     assert {"island", "hazards", "repairs", "steps", "diverged", "first_divergence", "eager_us", "replay_us"} <= set(r)
     assert r["diverged"] is False and r["steps"] > 0
-    assert "result" in capsys.readouterr().out
+    # the third copy checked every step: how close rounding came to each bound (0: the same bits)
+    assert "submod0.qkv" in r["bound_usage"] and all(0 <= v <= 1 for v in r["bound_usage"].values())
+    out = capsys.readouterr().out
+    assert "result" in out and "rounding used at most" in out
 
 
 def test_run_with_a_planted_hazard_exits_1(tiny_path, tmp_path):

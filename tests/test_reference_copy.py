@@ -281,6 +281,10 @@ def test_router_flips_at_near_ties_in_a_whole_run_are_findings_not_corruption(ti
 
     div, ls = run()
     assert div is None, div.line()
+    # the bound's use, measured: the nudge (one ulp of the row maximum) shows after it, in submod1,
+    # within the bound; the GDN state (before the nudge; `torch` vs `reference` there) barely uses it
+    u = ls.bound_usage
+    assert 0 < u["submod1.hidden"] <= 1 and u["gdn_core.ssm_state"] < 1e-3 * u["submod1.hidden"], u
     tie = ls.kernel_findings[ROUTING_TIE]
     assert tie["count"] >= 1 and "near-tie" in tie["first"].reason and tie["first"].tensor == "hidden"
     monkeypatch.setattr(Lockstep, "_routing", lambda self: None)

@@ -1,7 +1,7 @@
 """Reference MoE: top-k by repeated argmax, every expert run densely over all rows and masked.
 
 Never syncs with the host (graph-safe), but costs E x the routed work: for tests and small E.
-Under `routed_on_host()` it runs only the experts in use, with the same bits (the third copy).
+Under `routed_on_host()` the provider runs only the experts in use, with the same bits (the third copy).
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ _ROUTED = {"on": False}
 
 @contextmanager
 def routed_on_host():
-    """Inside: `moe_reference` runs `moe_reference_routed` (the same bits, only the experts in
-    use, read on the host). For callers that never capture: the independent third copy."""
+    """Inside: the `reference` provider runs `moe_reference_routed` (the same bits, only the
+    experts in use, read on the host). For callers that never capture: the independent third copy."""
     was, _ROUTED["on"] = _ROUTED["on"], True
     try:
         yield
@@ -43,9 +43,6 @@ def routed_on_host():
 
 def moe_reference(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
                   shared_w2, shared_w2_scale, shared_gate_w, top_k, renormalize):
-    if _ROUTED["on"]:
-        return moe_reference_routed(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
-                                    shared_w2, shared_w2_scale, shared_gate_w, top_k, renormalize)
     T, H = x.shape
     E, I2, _ = w13.shape
     weights, ids = topk_lowest_index(router_probs(x, router_w), top_k)
@@ -106,4 +103,10 @@ def _on_rows(inputs, rows, w, w_scale):
     return dense_linear(inputs[rows], w, w_scale, int8_matmul_exact)
 
 
-registry.register("moe", "reference", moe_reference, group="moe")
+def _provider(*args):
+    """The `reference` provider: `moe_reference`, or its routed form under `routed_on_host()`
+    (`moe_reference` itself stays a plain function: `repro report` copies it into scripts)."""
+    return (moe_reference_routed if _ROUTED["on"] else moe_reference)(*args)
+
+
+registry.register("moe", "reference", _provider, group="moe")
