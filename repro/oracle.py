@@ -95,8 +95,8 @@ def corruption(batch, ref: dict, other: dict, names: tuple, noise: dict | None =
     """The first tensor where `other` departs from `ref` beyond a rounding difference: a non-finite
     value in one copy only, a changed canary token (unless `tie_flip` with `logits(hidden)`), or
     |d| above the calibrated bound (or above NOISE_FACTOR x the kernel's measured noise).
-    `usage`: {tensor: the largest |d| / bound seen} is raised for every tensor compared (how close
-    rounding comes to the bound: the bound's calibration, measured run by run)."""
+    `usage`: {tensor: the largest |d| / bound seen within it} is raised for every tensor compared
+    (how close rounding comes to the bound: the bound's calibration, measured run by run)."""
     for key in ordered(ref):
         a, b = ref[key], other[key]
         if usage is not None:
@@ -114,7 +114,7 @@ def corruption(batch, ref: dict, other: dict, names: tuple, noise: dict | None =
         why = f"{ULPS.get(key, ULPS['default'])} bf16 ulps of max|x| {magnitude(a):.3g}"
         if noise and key in noise and NOISE_FACTOR * noise[key] > lim:
             lim, why = NOISE_FACTOR * noise[key], f"{NOISE_FACTOR:g}x the kernel's own noise {noise[key]:.3g}"
-        if usage is not None and lim > 0:
+        if usage is not None and 0 < lim and d <= lim:  # rounding's use of it (a departure is a finding)
             usage[key] = max(usage.get(key, 0.0), d / lim)
         if d > lim:
             reason = ("the canary token changed" if key == "head.token_ids"
