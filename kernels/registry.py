@@ -101,7 +101,8 @@ def mark_batch_variant(op: str, provider: str) -> None:
     `register` call cannot say so itself)."""
     table = _table(op)
     if provider not in table:
-        raise KernelSelectionError(f"unknown provider {provider!r} for kernel op {op!r}; registered: {', '.join(table)}")
+        raise KernelSelectionError(f"unknown provider {provider!r} for kernel op {op!r}; "
+                                   f"registered: {', '.join(table)}")
     p = table[provider]
     table[provider] = _Provider(p.fn, p.available, False)
 

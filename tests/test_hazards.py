@@ -127,7 +127,8 @@ def test_stream_hazards_on_a_device(setup, hazard, repair):
 def test_alias_map_reports_pool_reuse_over_held_outputs_and_nothing_at_baseline(setup):
     model, provider = setup
     if provider.name != "cpu-tape":
-        pytest.skip("the device pool's internal blocks are not visible; the tape's arena is")
+        pytest.skip("needs the CPU tape (--device cpu): a device pool's internal blocks are not visible, "
+                    "the tape's arena is")
     seq = default_sequence(seed=0, steps=12)
     bad = run_case(model, provider, Case("chain", "piecewise", ("shared-pool-weakref",)), seq)
     assert any(f["kind"] == "alias" and "graph 0's output" in f["detail"] for f in bad.findings), bad.findings
