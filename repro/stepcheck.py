@@ -15,9 +15,11 @@ in value), so a flag is never a verdict: it only says where the exact path (`com
 tensor, with first row, owner and |d|) must look; when that finds the values equal, the step
 is clean, exactly as before.
 
-Weight digests are the int64 sum of the tensor's bytes read as 32-bit (or 16/8-bit) words: any
-change of a single word changes it, as does any change that does not preserve the words' sum
-(a swap of two words would not: documented blind spot). Weights are read once per step, so on
+Weight digests are the int64 sum of the tensor's bytes read as 64-bit (or 32/16/8-bit) words,
+64-bit words added modulo 2**64: any change of a single word changes it, as does any change that
+does not preserve the words' sum (a swap of two words would not: documented blind spot). The
+widest words keep the sum in the words' own type (no widening cast in the reduction), and modular
+addition does not depend on the reduction's order, so the digest is the same on every run. Weights are read once per step, so on
 a GPU at real dimensions this is the dominant extra read; `weight_every` thins it (a change is
 then reported at the first checked step after it, with the range of steps it happened in).
 """
@@ -42,11 +44,11 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def words(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bytes as one flat run of the widest integers that tile it (int32, int16,
-    else uint8): a view when the tensor is contiguous."""
+    """The tensor's bytes as one flat run of the widest integers that tile it (int64, int32,
+    int16, else uint8): a view when the tensor is contiguous."""
     t = t if t.is_contiguous() else t.contiguous()
     b = t.reshape(-1).view(torch.uint8) if t.dtype != torch.uint8 else t.reshape(-1)
-    for dt, size in ((torch.int32, 4), (torch.int16, 2)):
+    for dt, size in ((torch.int64, 8), (torch.int32, 4), (torch.int16, 2)):
         if b.numel() % size == 0:
             try:
                 return b.view(dt)

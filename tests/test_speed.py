@@ -163,8 +163,17 @@ def test_weight_digest_sees_any_single_word():
         u = t.clone()
         u.view(-1)[-1] = u.view(-1)[-1] + 1
         assert int(digest_words(u)) != before
-    assert words(torch.zeros(8, dtype=torch.bfloat16)).dtype == torch.int32
+    # the widest words that tile the bytes: one sum in the words' own type, no widening cast
+    assert words(torch.zeros(8, dtype=torch.bfloat16)).dtype == torch.int64
+    assert words(torch.zeros(6, dtype=torch.bfloat16)).dtype == torch.int32
     assert words(torch.zeros(3, dtype=torch.bfloat16)).dtype == torch.int16
+    assert words(torch.zeros(16, dtype=torch.int8)[1:9]).dtype != torch.int64  # misaligned: narrower words
+    # int64 words wrap on overflow (addition modulo 2**64): still any single word, in any order
+    big = torch.full((8,), 2 ** 62, dtype=torch.int64)
+    before = int(digest_words(big))
+    big[3] += 1
+    assert int(digest_words(big)) == before + 1
+    assert int(digest_words(big.flip(0))) == before + 1
 
 
 def test_a_clean_step_reads_the_device_once(setup, monkeypatch):
