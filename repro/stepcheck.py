@@ -18,10 +18,12 @@ is clean, exactly as before.
 Weight digests are the int64 sum of the tensor's bytes read as 64-bit (or 32/16/8-bit) words,
 64-bit words added modulo 2**64: any change of a single word changes it, as does any change that
 does not preserve the words' sum (a swap of two words would not: documented blind spot). The
-widest words keep the sum in the words' own type (no widening cast in the reduction), and modular
-addition does not depend on the reduction's order, so the digest is the same on every run. Weights are read once per step, so on
-a GPU at real dimensions this is the dominant extra read; `weight_every` thins it (a change is
-then reported at the first checked step after it, with the range of steps it happened in).
+widest words keep the sum in the words' own type (no widening cast: on an H200 the int64-word
+sum reads 805 MB at the copy bandwidth, the int32-widened one at a sixth of it), and modular
+addition does not depend on the reduction's order, so the digest is the same on every run.
+Weights are read once per step, so on a GPU at real dimensions this is the dominant extra read;
+`weight_every` thins it (a change is then reported at the first checked step after it, with the
+range of steps it happened in).
 """
 from __future__ import annotations
 
