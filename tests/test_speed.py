@@ -176,6 +176,20 @@ def test_weight_digest_sees_any_single_word():
     assert int(digest_words(big.flip(0))) == before + 1
 
 
+
+def test_the_weight_digest_wraps_modulo_2_64_on_the_device_as_on_the_host(device):
+    """A digest whose sum overflows int64 (any real expert stack's does) is the exact sum modulo
+    2**64 on the run's device, in whatever order the device reduces: otherwise the per-step check
+    would report weights that did not change."""
+    g = torch.Generator().manual_seed(0)
+    host = torch.randint(-2 ** 62, 2 ** 62, (1 << 16,), dtype=torch.int64, generator=g)
+    exact = sum(host.tolist()) % 2 ** 64
+    exact -= 2 ** 64 if exact >= 2 ** 63 else 0
+    as_bytes = host.view(torch.int8).to(device)  # int8 weights: read back as int64 words
+    assert words(as_bytes).dtype == torch.int64
+    assert abs(sum(host.tolist())) > 2 ** 63 and int(digest_words(as_bytes)) == exact
+    assert int(digest_words(as_bytes)) == int(digest_words(as_bytes))
+
 def test_a_clean_step_reads_the_device_once(setup, monkeypatch):
     """No per-tensor `.item()`, `torch.equal` or bool() of a tensor: one `tolist` of one vector
     per decode step (steps that capture a graph aside: capture-time lints read tensors; and
