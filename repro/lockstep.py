@@ -36,7 +36,7 @@ from .compare import (CORRUPTION, KERNEL_FINDINGS, ROUTING_TIE, UNOWNED, WEIGHTS
                       compare_outputs, compare_slots, compare_step, digest, first_row, max_abs, row_owner)
 from .islands.layer import LayerCopy  # noqa: F401
 from .options import Options
-from .oracle import ChainProbe, IslandProbe
+from .oracle import ChainProbe, IslandProbe, routing_inputs
 from .runner import EagerRunner, GraphRunner, PieceRunner
 from .reference_copy import ReferenceCopy, departed, name_weight_writer
 from .stepcheck import StepCheck, Verdict
@@ -338,10 +338,7 @@ class Lockstep:
 
     def _routing(self):
         """(the reference copy's MoE input, the eager copy's, router weight, top_k) of this step."""
-        a, b = self.reference.copy.moe, self.eager_copy.moe
-        if a.last_input is None or b.last_input is None:
-            return None
-        return a.last_input, b.last_input, b.w.gate, b.cfg.num_experts_per_tok
+        return routing_inputs(self.reference.copy.moe.last_input, self.eager_copy.moe.last_input, self.eager_copy.moe)
 
     def resync(self) -> None:
         """After a kernel finding: the eager copy's state becomes the replay's (equal to the padded

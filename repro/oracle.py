@@ -183,6 +183,14 @@ def router_ties(ref: dict, other: dict, routing) -> dict:
     return routing_ties(x_ref, x_other, router_w, top_k, over.nonzero().flatten().tolist())
 
 
+def routing_inputs(x_ref, x_other, moe) -> tuple | None:
+    """What `router_ties` reads: (two MoE inputs of one step, `moe`'s router weight, its top_k),
+    or None when either input was not kept."""
+    if x_ref is None or x_other is None:
+        return None
+    return x_ref, x_other, moe.w.gate, moe.cfg.num_experts_per_tok
+
+
 def excuse_rows(other: dict, ref: dict, rows) -> dict:
     """`other` with `rows` of the `ROUTED` tensors set to `ref`'s (a router near-tie there)."""
     if not rows:
@@ -306,8 +314,7 @@ class ChainProbe:
 
     def routing(self):
         """(the last exact run's MoE input, the last padded run's, router weight, top_k), or None."""
-        x, y, m = self.moe_in.get("exact"), self.moe_in.get("padded"), self.copy.moe
-        return None if x is None or y is None else (x, y, m.w.gate, m.cfg.num_experts_per_tok)
+        return routing_inputs(self.moe_in.get("exact"), self.moe_in.get("padded"), self.copy.moe)
 
     def padded(self, batch, pre: dict, size: int) -> dict:
         self._load(pre)
