@@ -1,7 +1,7 @@
 """Which implementation ("provider") runs behind each `repro::` op: the one piece of global state.
 
-Every op in `kernels` is a `torch.library.custom_op` whose body asks this registry, at call
-time, for the function of the provider selected for it. Providers:
+Every op in `kernels` is a `repro::` torch op (`kernels/_library.py`) whose body asks this
+registry, at call time, for the function of the provider selected for it. Providers:
 
 - `reference`: plain, obviously-correct torch; always available.
 - `torch`: fast plain-torch paths (vectorised, `torch._int_mm`); always available on CPU/CUDA.

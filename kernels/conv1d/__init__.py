@@ -4,13 +4,14 @@ Depthwise causal conv over channels C with kernel K, `weight[:, K-1]` on the cur
 then SiLU; fp32 compute (sum over taps left to right), output in x's dtype. `conv_state`
 [S, C, K-1] holds each sequence's last K-1 inputs (oldest first). State addressing, sentinel
 and duplicate-index rules: `kernels/_state.py`. Providers: `reference` (loops), `torch`
-(vectorised); bit-identical.
+(vectorised), `triton` (`triton.py`, K = 4); bit-identical.
 """
 from __future__ import annotations
 
 import torch
 
 from kernels import registry
+from kernels._library import define
 from kernels.conv1d import reference, vectorized  # noqa: F401  (register providers)
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
@@ -25,7 +26,7 @@ def _check(x, weight, conv_state):
         raise ValueError(f"causal_conv1d: conv_state {tuple(conv_state.shape)} must be [S>=1, C, K-1]")
 
 
-@torch.library.custom_op("repro::causal_conv1d_fn", mutates_args=("conv_state",))
+@define("causal_conv1d_fn", mutates_args=("conv_state",))
 def causal_conv1d_fn(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
                      query_start_loc: torch.Tensor, state_indices: torch.Tensor,
                      has_initial_state: torch.Tensor, sentinel: int) -> torch.Tensor:
@@ -43,7 +44,7 @@ def _(x, weight, conv_state, query_start_loc, state_indices, has_initial_state, 
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-@torch.library.custom_op("repro::causal_conv1d_update", mutates_args=("conv_state",))
+@define("causal_conv1d_update", mutates_args=("conv_state",))
 def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, conv_state: torch.Tensor,
                          state_indices: torch.Tensor, sentinel: int) -> torch.Tensor:
     """Decode, one token per row. x [B, C] -> y [B, C]; graph-safe (no host sync)."""

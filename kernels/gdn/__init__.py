@@ -8,7 +8,7 @@ Per value head h (key head h // (Hv // Hk)), fp32:
 `kernels/_state.py`. Outputs in v's dtype, zero for sentinel rows / tokens outside every request.
 
 Providers: gating `reference`, `triton`; decode `reference` (row loop), `torch` (batched), `fla`,
-`triton` (`triton.py`); prefill `reference` (chunked WY form), `fla`. `naive.py` is an independent token-by-token
+`triton` (`triton.py`); prefill `reference` (chunked WY form), `fla`, `triton` (recurrent). `naive.py` is an independent token-by-token
 recurrence used by the tests.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from kernels import registry
+from kernels._library import define
 from kernels.gdn import fla, reference, vectorized  # noqa: F401  (register providers)
 from kernels.gdn.common import check_gdn
 
@@ -28,7 +29,7 @@ registry.mark_batch_variant("gated_delta_rule_prefill", "fla")
 __all__ = ["gdn_gating", "gated_delta_rule_decode", "gated_delta_rule_prefill"]
 
 
-@torch.library.custom_op("repro::gdn_gating", mutates_args=())
+@define("gdn_gating", mutates_args=())
 def gdn_gating(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor,
                b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A_log, dt_bias [Hv]; a, b [T, Hv] -> g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); fp32."""
@@ -45,7 +46,7 @@ def _(A_log, a, dt_bias, b):
             torch.empty(a.shape, dtype=torch.float32, device=a.device))
 
 
-@torch.library.custom_op("repro::gated_delta_rule_decode", mutates_args=("ssm_state",))
+@define("gated_delta_rule_decode", mutates_args=("ssm_state",))
 def gated_delta_rule_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                             beta: torch.Tensor, ssm_state: torch.Tensor, state_indices: torch.Tensor,
                             sentinel: int) -> torch.Tensor:
@@ -60,7 +61,7 @@ def _(q, k, v, g, beta, ssm_state, state_indices, sentinel):
     return torch.empty(v.shape, dtype=v.dtype, device=v.device)
 
 
-@torch.library.custom_op("repro::gated_delta_rule_prefill", mutates_args=("ssm_state",))
+@define("gated_delta_rule_prefill", mutates_args=("ssm_state",))
 def gated_delta_rule_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                              beta: torch.Tensor, ssm_state: torch.Tensor, query_start_loc: torch.Tensor,
                              state_indices: torch.Tensor, has_initial_state: torch.Tensor,

@@ -13,13 +13,14 @@ from typing import Optional
 import torch
 
 from kernels import registry
+from kernels._library import define
 from kernels.moe import reference, vectorized, vllm_xpu  # noqa: F401  (register providers)
 from kernels.moe.common import check_moe
 
 __all__ = ["moe", "moe_block"]
 
 
-@torch.library.custom_op("repro::moe", mutates_args=())
+@define("moe", mutates_args=())
 def moe(x: torch.Tensor, router_w: torch.Tensor, w13: torch.Tensor, w13_scale: Optional[torch.Tensor],
         w2: torch.Tensor, w2_scale: Optional[torch.Tensor], shared_w13: torch.Tensor,
         shared_w13_scale: Optional[torch.Tensor], shared_w2: torch.Tensor,

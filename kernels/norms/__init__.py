@@ -11,12 +11,13 @@ from __future__ import annotations
 import torch
 
 from kernels import registry
+from kernels._library import define
 from kernels.norms import reference, vllm_xpu  # noqa: F401  (register providers)
 
 __all__ = ["rms_norm", "add_rms_norm", "rms_norm_gated"]
 
 
-@torch.library.custom_op("repro::rms_norm", mutates_args=())
+@define("rms_norm", mutates_args=())
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., H], w [H] -> x * rsqrt(mean(x^2) + eps) * (1 + w), in x's dtype."""
     if w.numel() != x.shape[-1]:
@@ -29,7 +30,7 @@ def _(x, w, eps):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-@torch.library.custom_op("repro::add_rms_norm", mutates_args=())
+@define("add_rms_norm", mutates_args=())
 def add_rms_norm(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """x, y [..., H] of one dtype, w [H] -> (h = x + y in that dtype, rms_norm(h, w, eps))."""
     if x.shape != y.shape or x.dtype != y.dtype or w.numel() != x.shape[-1]:
@@ -45,7 +46,7 @@ def _(x, y, w, eps):
             torch.empty(x.shape, dtype=x.dtype, device=x.device))
 
 
-@torch.library.custom_op("repro::rms_norm_gated", mutates_args=())
+@define("rms_norm_gated", mutates_args=())
 def rms_norm_gated(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """x [T, Hv, dv] (any float), z [T, Hv, dv], w [dv] -> w * rmsnorm(x) * silu(z), in z's dtype."""
     if x.shape != z.shape or w.numel() != x.shape[-1]:

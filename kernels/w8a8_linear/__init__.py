@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+from kernels._library import define
 import torch.nn.functional as F
 
 from kernels import registry
@@ -28,7 +29,7 @@ def _check(x, w, w_scale, bias):
         raise ValueError("w8a8_linear: w_scale and bias must have N elements")
 
 
-@torch.library.custom_op("repro::w8a8_linear", mutates_args=())
+@define("w8a8_linear", mutates_args=())
 def w8a8_linear(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                 bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [M, K] (bf16), w int8 [N, K], w_scale fp32 [N], bias [N] or None -> [M, N] in x's dtype."""

@@ -9,7 +9,8 @@ recorded output tensor. So, like a device graph, a replay:
 - repeats the Python-side decisions made at capture (nothing in Python runs at replay);
 - writes its outputs into the same memory every time.
 
-Custom ops defined in Python (`torch.library.custom_op`, every `repro::` op) are recorded *below*:
+Custom ops defined in Python (every `repro::` op, `kernels/_library.py`; a `torch.library.custom_op`
+of another namespace) are recorded *below*:
 their body runs once, at capture, under the recorder, and the aten ops it issues are what the
 tape holds. The custom op itself is never re-run, exactly as a device graph holds the kernels a
 body launched and not the body: a host read inside the op, a per-shape cache, and the provider
@@ -72,7 +73,8 @@ def _is_collective(func) -> bool:
 
 
 def _python_body(func) -> bool:
-    """A custom op whose kernel is Python (`torch.library.custom_op`): record what its body issues."""
+    """A custom op whose kernel is Python (a `repro::` op, or a `torch.library.custom_op`): record
+    what its body issues."""
     ns = getattr(func, "namespace", None)
     if ns is None or ns in _KERNEL_NAMESPACES:
         return False

@@ -4,9 +4,10 @@ from __future__ import annotations
 import torch
 
 import kernels  # noqa: F401
+from kernels._library import define
 
 
-@torch.library.custom_op("repro::gated_delta_rule_decode_undeclared", mutates_args=())
+@define("gated_delta_rule_decode_undeclared", mutates_args=())
 def gated_delta_rule_decode_undeclared(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
                                        beta: torch.Tensor, ssm_state: torch.Tensor, state_indices: torch.Tensor,
                                        sentinel: int) -> torch.Tensor:
