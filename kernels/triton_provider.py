@@ -1,13 +1,18 @@
 """`triton` provider: fused Triton kernels for the decode path (one launch where the `torch`
-provider issues ten), for `repro bench`'s replay-vs-floor targets.
+provider issues ten), for `repro bench`'s replay-vs-floor targets, and for the two prefill ops
+(`causal_conv1d_fn`, `gated_delta_rule_prefill`: one launch each where the `torch` / `reference`
+providers issue hundreds of small ops and read back to the host, issue 19's mixed steps).
 
 The kernels live in their op's folder (`kernels/<op>/triton.py`, shared helpers in
 `kernels/triton_helpers.py`); this module, which imports no Triton, says when they are available
 and registers them. A kernel module is imported on the first call of its op, so `import kernels`
 works where Triton is not installed. What each kernel fuses and how it matches the reference is in
 its module's docstring; in short:
-- `w8a8_linear`, `moe` (W8A8 experts), `causal_conv1d_update`, `gdn_gating`: bit-identical;
+- `w8a8_linear`, `moe` (W8A8 experts), `causal_conv1d_update`, `causal_conv1d_fn`, `gdn_gating`:
+  bit-identical;
 - `gated_delta_rule_decode`: within fp32 rounding of the reference (reductions in another order);
+  `gated_delta_rule_prefill`: the same step token by token (the recurrent form), within fp32
+  rounding of the reference's chunked form;
 - `rms_norm`, `add_rms_norm`, `rms_norm_gated`: within one bf16 rounding (the sum of `add_rms_norm`
   bit-identical).
 All are batch-invariant: a row's result does not depend on the other rows.
@@ -42,8 +47,10 @@ KERNELS = {
     "add_rms_norm": ("kernels.norms.triton", "add_rms_norm", "norms"),
     "rms_norm_gated": ("kernels.norms.triton", "rms_norm_gated", "norms"),
     "causal_conv1d_update": ("kernels.conv1d.triton", "causal_conv1d_update", "conv1d"),
+    "causal_conv1d_fn": ("kernels.conv1d.triton", "causal_conv1d_fn", "conv1d"),
     "gdn_gating": ("kernels.gdn.triton", "gdn_gating", "gdn"),
     "gated_delta_rule_decode": ("kernels.gdn.triton", "gated_delta_rule_decode", "gdn"),
+    "gated_delta_rule_prefill": ("kernels.gdn.triton", "gated_delta_rule_prefill", "gdn"),
 }
 
 
@@ -64,8 +71,13 @@ def available() -> tuple[bool, str]:
 
 def lazy(module: str, name: str):
     """A provider function that imports `module` (and so Triton) on its first call."""
+    fn = None
+
     def call(*args):
-        return getattr(importlib.import_module(module), name)(*args)
+        nonlocal fn
+        if fn is None:
+            fn = getattr(importlib.import_module(module), name)
+        return fn(*args)
     call.__name__ = call.__qualname__ = f"{name}_triton"
     call.__doc__ = f"`{module}.{name}`, imported on first use."
     return call

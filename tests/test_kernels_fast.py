@@ -1,11 +1,13 @@
 """The `triton` provider (kernels/<op>/triton.py) against the reference, on an NVIDIA GPU.
 
-Bit for bit: `w8a8_linear`, `moe` (W8A8 experts), `causal_conv1d_update` (outputs and conv state),
-`gdn_gating`, the sum of `add_rms_norm`. Within a stated tolerance: `rms_norm`, the norm of
-`add_rms_norm`, `rms_norm_gated` (one bf16 rounding: the
-mean is reduced in another order), `gated_delta_rule_decode` (fp32 state within 1e-5 relative,
-bf16 output within one bf16 rounding). State rules (sentinel rows, duplicate slots: snapshot
-read, last valid row wins) are checked with batches that repeat a slot. Also: each op captured
+Bit for bit: `w8a8_linear`, `moe` (W8A8 experts), `causal_conv1d_update` and `causal_conv1d_fn`
+(outputs and conv state), `gdn_gating`, the sum of `add_rms_norm`. Within a stated tolerance:
+`rms_norm`, the norm of `add_rms_norm`, `rms_norm_gated` (one bf16 rounding: the mean is reduced
+in another order), `gated_delta_rule_decode` (fp32 state within 1e-5 relative, bf16 output within
+one bf16 rounding), `gated_delta_rule_prefill` (the recurrent form against the reference's chunked
+one: the same bounds, and against the float64 recurrence on long requests). State rules (sentinel
+rows, duplicate slots: snapshot read, last valid row wins) are checked with batches that repeat a
+slot. Also: each op captured
 in a CUDA graph replays bit-exactly against eager, and the islands at baseline replay == eager in
 lockstep with every op on `triton`.
 """
@@ -18,12 +20,13 @@ from kernels.samples import sample_args
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
-EXACT = {"w8a8_linear", "moe", "causal_conv1d_update", "gdn_gating"}
-STATE_OPS = {"causal_conv1d_update", "gated_delta_rule_decode"}
+EXACT = {"w8a8_linear", "moe", "causal_conv1d_update", "causal_conv1d_fn", "gdn_gating"}
+STATE_OPS = {"causal_conv1d_update", "causal_conv1d_fn", "gated_delta_rule_decode", "gated_delta_rule_prefill"}
 # (rtol, atol) for outputs and for mutated fp32 state
 TOL = {"rms_norm": ((2 ** -7, 1e-6), None), "add_rms_norm": ((2 ** -7, 1e-6), None),
        "rms_norm_gated": ((2 ** -7, 1e-6), None),
-       "gated_delta_rule_decode": ((2 ** -7, 1e-5), (1e-5, 1e-6))}
+       "gated_delta_rule_decode": ((2 ** -7, 1e-5), (1e-5, 1e-6)),
+       "gated_delta_rule_prefill": ((2 ** -7, 1e-5), (1e-5, 1e-6))}
 
 VARIANTS = {
     "w8a8_linear": [dict(T=1), dict(T=3), dict(T=33, K=300, N=40), dict(T=1, K=2048, N=8192),
@@ -38,6 +41,10 @@ VARIANTS = {
                              dict(sentinel=0, B=32, S=33, C=8192)],
     "gated_delta_rule_decode": [dict(sentinel=-1), dict(sentinel=0), dict(sentinel=0, B=6, S=3),
                                 dict(sentinel=0, B=8, S=9, Hk=16, Hv=32, dk=128, dv=128)],
+    "causal_conv1d_fn": [dict(sentinel=-1), dict(sentinel=0), dict(sentinel=0, B=6, S=3),
+                         dict(sentinel=0, B=8, S=9, C=8192)],
+    "gated_delta_rule_prefill": [dict(sentinel=-1), dict(sentinel=0), dict(sentinel=0, B=6, S=3),
+                                 dict(sentinel=0, B=8, S=9, Hk=16, Hv=32, dk=128, dv=128)],
 }
 
 
@@ -149,3 +156,43 @@ def test_rms_norm_gated_reads_z_as_a_column_slice():
     assert not zv.is_contiguous()
     with registry.using(rms_norm_gated="triton"):
         assert torch.equal(torch.ops.repro.rms_norm_gated(x, zv, w, eps), torch.ops.repro.rms_norm_gated(x, z, w, eps))
+
+
+def test_triton_prefill_long_requests():
+    """Both prefill kernels on requests longer than the reference's 64-token chunk and the conv's
+    history, with a request without an initial state, two requests naming one slot (the later
+    one's final state wins) and a padding request: conv bit for bit against the reference, GDN
+    against the independent float64 recurrence (`kernels/gdn/naive.py`) within the bounds the
+    reference itself meets there (`tests/test_kernels_gdn.py`)."""
+    _needs_triton()
+    from kernels.gdn.naive import gated_delta_rule_recurrent
+    g = torch.Generator().manual_seed(11)
+    lengths, idx, has = [130, 5, 70, 1, 3], [2, 3, 2, -1, 0], [True, False, True, True, False]
+    qsl = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).cuda()
+    T = sum(lengths) + 2  # two tokens outside every request
+    idx_t, has_t = torch.tensor(idx, dtype=torch.int32).cuda(), torch.tensor(has).cuda()
+    C, Hk, Hv, dk, dv, S = 96, 2, 4, 32, 32, 4
+    x = torch.randn(T, C, generator=g).bfloat16().cuda()
+    w = (torch.randn(C, 4, generator=g) * 0.5).bfloat16().cuda()
+    conv = torch.randn(S, C, 3, generator=g).bfloat16().cuda()
+    outs = {}
+    for provider in ("reference", "triton"):
+        st = conv.clone()
+        with registry.using(causal_conv1d_fn=provider):
+            outs[provider] = (torch.ops.repro.causal_conv1d_fn(x, w, st, qsl, idx_t, has_t, -1), st)
+    assert torch.equal(outs["triton"][0], outs["reference"][0])
+    assert torch.equal(outs["triton"][1], outs["reference"][1])
+    assert not torch.equal(outs["triton"][1][2], conv[2])  # the slot was written
+    q, k = (torch.randn(T, Hk, dk, generator=g).bfloat16().cuda() for _ in range(2))
+    v = torch.randn(T, Hv, dv, generator=g).bfloat16().cuda()
+    gate = (-torch.rand(T, Hv, generator=g) * 0.2).cuda()
+    beta = torch.rand(T, Hv, generator=g).cuda()
+    ssm = (torch.randn(S, Hv, dk, dv, generator=g) * 0.1).cuda()
+    st = ssm.clone()
+    with registry.using(gated_delta_rule_prefill="triton"):
+        o = torch.ops.repro.gated_delta_rule_prefill(q, k, v, gate, beta, st, qsl, idx_t, has_t, -1)
+    o64, s64 = gated_delta_rule_recurrent(q, k, v, gate, beta, ssm, qsl, idx_t, has_t, -1)
+    torch.testing.assert_close(o.double(), o64.to(o.dtype).double(), rtol=2 ** -7, atol=1e-5)
+    torch.testing.assert_close(st.double(), s64, rtol=1e-4, atol=2e-5)
+    assert o[sum(lengths):].eq(0).all() and o[int(qsl[3]):int(qsl[4])].eq(0).all()  # outside / padding
+    assert torch.equal(st[1], ssm[1])  # no request names slot 1

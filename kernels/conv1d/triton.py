@@ -1,7 +1,10 @@
-"""`triton` provider of `repro::causal_conv1d_update`: one kernel, bit-identical to the reference.
-State rows follow `kernels/_state.py` (sentinel rows skipped, snapshot reads, last valid row wins)
-by walking the batch in order inside each program, which owns a disjoint slice of every state
-row. Registered in `kernels/triton_provider.py`; imported on first use (needs triton).
+"""`triton` provider of `repro::causal_conv1d_update` and `repro::causal_conv1d_fn` (the varlen
+prefill): one kernel each, bit-identical to the reference. State rows follow `kernels/_state.py`
+(sentinel rows skipped, snapshot reads, last valid row wins) by walking the batch in order inside
+each program, which owns a disjoint slice of every state row: a row is written only by the last
+valid request that names its slot, after that request read it, so every read sees the row as it
+was before the call. Registered in `kernels/triton_provider.py`; imported on first use (needs
+triton).
 """
 from __future__ import annotations
 
@@ -59,4 +62,60 @@ def causal_conv1d_update(x, weight, conv_state, state_indices, sentinel):
     _conv_update_kernel[(triton.cdiv(C, BC),)](x, w, conv_state, idx, y, B, C, conv_state.shape[0], int(sentinel),
                                                x.stride(0), w.stride(0), conv_state.stride(0), conv_state.stride(1),
                                                y.stride(0), BC=BC, BB=_np2(B), num_warps=4)
+    return y
+
+
+@triton.jit
+def _conv_fn_kernel(x_ptr, w_ptr, st_ptr, qsl_ptr, idx_ptr, init_ptr, y_ptr, B, C, S, sentinel, sxt, swc, sss,
+                    ssc, syt, BC: tl.constexpr, BB: tl.constexpr):
+    """Kernel width 4: each request's tokens in order, the window (c0, c1, c2) starting from its
+    history (its state row, or zeros without an initial state) and written back at the end."""
+    rc = tl.program_id(0) * BC + tl.arange(0, BC)
+    cm = rc < C
+    w0 = tl.load(w_ptr + rc * swc + 0, mask=cm, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + rc * swc + 1, mask=cm, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + rc * swc + 2, mask=cm, other=0.0).to(tl.float32)
+    w3 = tl.load(w_ptr + rc * swc + 3, mask=cm, other=0.0).to(tl.float32)
+    for b in range(0, B):
+        idx = tl.load(idx_ptr + b).to(tl.int64)
+        valid, slot = _slot(idx, sentinel, S)
+        if valid:
+            write = _last_claimant(b, slot, valid, idx_ptr, B, S, sentinel, BB)
+            keep = tl.load(init_ptr + b) != 0
+            base = st_ptr + slot * sss + rc * ssc
+            hm = cm & keep
+            c0 = tl.load(base + 0, mask=hm, other=0.0).to(tl.float32)
+            c1 = tl.load(base + 1, mask=hm, other=0.0).to(tl.float32)
+            c2 = tl.load(base + 2, mask=hm, other=0.0).to(tl.float32)
+            for t in range(tl.load(qsl_ptr + b), tl.load(qsl_ptr + b + 1)):
+                xv = tl.load(x_ptr + t * sxt + rc, mask=cm, other=0.0).to(tl.float32)
+                acc = _mul(c0, w0)
+                acc = _add(acc, _mul(c1, w1))
+                acc = _add(acc, _mul(c2, w2))
+                acc = _add(acc, _mul(xv, w3))
+                tl.store(y_ptr + t * syt + rc, _silu(acc).to(y_ptr.dtype.element_ty), mask=cm)
+                c0, c1, c2 = c1, c2, xv
+            wm = cm & write
+            tl.store(base + 0, c0.to(st_ptr.dtype.element_ty), mask=wm)
+            tl.store(base + 1, c1.to(st_ptr.dtype.element_ty), mask=wm)
+            tl.store(base + 2, c2.to(st_ptr.dtype.element_ty), mask=wm)
+
+
+def causal_conv1d_fn(x, weight, conv_state, query_start_loc, state_indices, has_initial_state, sentinel):
+    T, C = x.shape
+    w = weight.reshape(weight.shape[0], weight.shape[-1])
+    B = state_indices.shape[0]
+    if w.shape[1] != 4 or not conv_state.is_contiguous() or B == 0:
+        from kernels.conv1d.vectorized import causal_conv1d_fn_vectorized
+        return causal_conv1d_fn_vectorized(x, weight, conv_state, query_start_loc, state_indices,
+                                           has_initial_state, sentinel)
+    y = torch.zeros(T, C, dtype=x.dtype, device=x.device)  # tokens outside every request, sentinel requests
+    x = x if x.stride(1) == 1 else x.contiguous()
+    w = w.contiguous()
+    BC = 256
+    _conv_fn_kernel[(triton.cdiv(C, BC),)](x, w, conv_state, query_start_loc.contiguous(),
+                                           state_indices.contiguous(), has_initial_state.contiguous(), y, B, C,
+                                           conv_state.shape[0], int(sentinel), x.stride(0), w.stride(0),
+                                           conv_state.stride(0), conv_state.stride(1), y.stride(0), BC=BC,
+                                           BB=_np2(B), num_warps=4)
     return y

@@ -1,6 +1,8 @@
-"""`triton` provider of `repro::gdn_gating` (one kernel, bit-identical) and
+"""`triton` provider of `repro::gdn_gating` (one kernel, bit-identical),
 `repro::gated_delta_rule_decode` (q/k L2 norm + decay + delta rule + output, one kernel; within
-fp32 rounding of the reference: reductions in another order). State rows follow
+fp32 rounding of the reference: reductions in another order) and `repro::gated_delta_rule_prefill`
+(the same step, token after token of each request, the state held in registers between tokens:
+the recurrent form, within fp32 rounding of the reference's chunked form). State rows follow
 `kernels/_state.py` as in `kernels/conv1d/triton.py`. Registered in `kernels/triton_provider.py`;
 imported on first use (needs triton).
 """
@@ -92,4 +94,61 @@ def gated_delta_rule_decode(q, k, v, g, beta, ssm_state, state_indices, sentinel
                              g.stride(0), beta.stride(0), o.stride(0), o.stride(1), ssm_state.stride(0),
                              ssm_state.stride(1), dk ** -0.5, GROUP=Hv // Hk, DK=dk, DV=dv, BV=BV, BB=_np2(B),
                              num_warps=4)
+    return o
+
+
+@triton.jit
+def _gdn_prefill_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, qsl_ptr, idx_ptr, init_ptr, o_ptr, B, S,
+                        sentinel, sqt, sqh, skt, skh, svt, svh, sgt, sbt, sot, soh, ss_s, ss_h, scale,
+                        GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+                        BB: tl.constexpr):
+    """Value head h, value columns rv: each request in order, its tokens in order, one recurrent
+    step each (as `_gdn_decode_kernel`), from its state row (or zeros) to its final state."""
+    h = tl.program_id(0)
+    rv = tl.program_id(1) * BV + tl.arange(0, BV)
+    vm = rv < DV
+    rk = tl.arange(0, DK)
+    kh = h // GROUP
+    for b in range(0, B):
+        idx = tl.load(idx_ptr + b).to(tl.int64)
+        valid, slot = _slot(idx, sentinel, S)
+        if valid:
+            write = _last_claimant(b, slot, valid, idx_ptr, B, S, sentinel, BB)
+            keep = tl.load(init_ptr + b) != 0
+            sp = s_ptr + slot * ss_s + h * ss_h + rk[:, None] * DV + rv[None, :]
+            st = tl.load(sp, mask=vm[None, :] & keep, other=0.0)
+            for t in range(tl.load(qsl_ptr + b), tl.load(qsl_ptr + b + 1)):
+                q = tl.load(q_ptr + t * sqt + kh * sqh + rk).to(tl.float32)
+                k = tl.load(k_ptr + t * skt + kh * skh + rk).to(tl.float32)
+                q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)) * scale
+                k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6))
+                st = st * tl.exp(tl.load(g_ptr + t * sgt + h).to(tl.float32))
+                v = tl.load(v_ptr + t * svt + h * svh + rv, mask=vm, other=0.0).to(tl.float32)
+                delta = tl.load(beta_ptr + t * sbt + h).to(tl.float32) * (v - tl.sum(k[:, None] * st, axis=0))
+                st = st + k[:, None] * delta[None, :]
+                o = tl.sum(q[:, None] * st, axis=0)
+                tl.store(o_ptr + t * sot + h * soh + rv, o.to(o_ptr.dtype.element_ty), mask=vm)
+            tl.store(sp, st, mask=vm[None, :] & write)
+
+
+def gated_delta_rule_prefill(q, k, v, g, beta, ssm_state, query_start_loc, state_indices, has_initial_state,
+                             sentinel):
+    T, Hk, dk = q.shape
+    Hv, dv = v.shape[1:]
+    B = state_indices.shape[0]
+    if ssm_state.dtype != torch.float32 or not ssm_state.is_contiguous() or dk != _np2(dk) or B == 0 or \
+            q.stride(2) != 1 or k.stride(2) != 1 or v.stride(2) != 1:
+        from kernels.gdn.reference import gated_delta_rule_prefill_reference
+        return gated_delta_rule_prefill_reference(q, k, v, g, beta, ssm_state, query_start_loc, state_indices,
+                                                  has_initial_state, sentinel)
+    o = torch.zeros(T, Hv, dv, dtype=v.dtype, device=v.device)  # tokens outside every request, sentinel ones
+    g, beta = g.float().contiguous(), beta.float().contiguous()
+    BV = min(32, _np2(dv))
+    grid = (Hv, triton.cdiv(dv, BV))
+    _gdn_prefill_kernel[grid](q, k, v, g, beta, ssm_state, query_start_loc.contiguous(), state_indices.contiguous(),
+                              has_initial_state.contiguous(), o, B, ssm_state.shape[0], int(sentinel),
+                              q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                              g.stride(0), beta.stride(0), o.stride(0), o.stride(1), ssm_state.stride(0),
+                              ssm_state.stride(1), dk ** -0.5, GROUP=Hv // Hk, DK=dk, DV=dv, BV=BV, BB=_np2(B),
+                              num_warps=4)
     return o
