@@ -24,6 +24,13 @@ addition does not depend on the reduction's order, so the digest is the same on 
 Weights are read once per step, so on a GPU at real dimensions this is the dominant extra read;
 `weight_every` thins it (a change is then reported at the first checked step after it, with the
 range of steps it happened in).
+
+On a CUDA device the reads of tensors that keep their address for the whole run (the state
+caches' slot flags, the weight digests) are each captured once as a CUDA graph and replayed every
+step: one launch where there were about forty small ones, the same kernels reading the same
+addresses, so the same bits come out (issue 19: the check's host time, not its device time, was
+the cost). The graphs are the checker's own, not the system under test's; a state tensor that
+moves (another cache) is captured again.
 """
 from __future__ import annotations
 
@@ -98,6 +105,42 @@ def unique_weights(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+class Frozen:
+    """`fn()` (tensors of fixed addresses in, one tensor out) as one captured CUDA graph replayed per
+    call on a CUDA device, keyed by the addresses it reads; called directly elsewhere. The output is
+    the graph's static buffer: the caller consumes it (here: `torch.cat` into the step's vector)
+    before the next call."""
+
+    def __init__(self):
+        self._graphs: dict = {}
+
+    def __call__(self, key, fn, device: torch.device) -> torch.Tensor:
+        if device.type != "cuda":
+            return fn()
+        hit = self._graphs.get(key)
+        if hit is None:
+            fn()  # warm-up outside the capture (allocator, kernel selection)
+            # capture_begin/end on a side stream rather than `torch.cuda.graph`, whose entry runs
+            # gc.collect() and empty_cache(): the checker must not move the allocator state the
+            # pool and alias hazards of the copies it checks depend on.
+            graph, side, main = torch.cuda.CUDAGraph(), torch.cuda.Stream(), torch.cuda.current_stream()
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                graph.capture_begin()
+                try:
+                    out = fn()
+                finally:
+                    graph.capture_end()
+            main.wait_stream(side)
+            hit = self._graphs[key] = (graph, out)
+        hit[0].replay()
+        return hit[1]
+
+
+def _addresses(tensors) -> tuple:
+    return tuple((t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype) for t in tensors)
+
+
 class StepCheck:
     """One lockstep's device-side check: `launch` enqueues it, `read` synchronises once."""
 
@@ -107,8 +150,19 @@ class StepCheck:
         self.base: list[int] | None = None  # the weights' digests when the run began
         self.base_step = None
         self.calls = 0
+        self._frozen = Frozen()
         if self.weights:
-            self.base = torch.stack([digest_words(t) for t in self.weights.values()]).tolist()
+            self.base = self._digests().tolist()
+
+    def _digests(self) -> torch.Tensor:
+        ws = list(self.weights.values())
+        return self._frozen(("weights", _addresses(ws)), lambda: torch.stack([digest_words(t) for t in ws]),
+                            ws[0].device)
+
+    def _slots(self, state_a: dict, state_b: dict) -> torch.Tensor:
+        pairs = [(a, state_b[n]) for n, a in state_a.items()]
+        return self._frozen(("state", _addresses(t for p in pairs for t in p)),
+                            lambda: torch.cat([slots_differ(a, b) for a, b in pairs]), pairs[0][0].device)
 
     def launch(self, out_a: dict, out_b: dict, state_a: dict, state_b: dict, mark=None):
         """Enqueue the step's flags (and, on schedule, the weight digests); returns what `read`
@@ -126,14 +180,15 @@ class StepCheck:
                 layout.append(("out", key))
         if flags:
             parts.append(torch.stack(flags))
+        if state_a:
+            parts.append(self._slots(state_a, state_b))
         for name, a in state_a.items():
-            parts.append(slots_differ(a, state_b[name]))
             layout.append(("state", name, a.shape[0]))
         if mark:
             mark("compare")
         self.calls += 1
         if self.weights and (self.calls - 1) % self.weight_every == 0:
-            parts.append(torch.stack([digest_words(t) for t in self.weights.values()]))
+            parts.append(self._digests())
             layout.append(("weights",))
         if mark:
             mark("weights")
