@@ -2,8 +2,8 @@
 
 `prepare()` builds the step's host tensors (token ids, per-token slots, metadata) once, pinned
 when an accelerator is present, so the lockstep can build step k+1's while the device runs step k
-(issue 19.2). Every consumer still gets its own device tensors (`ids`, `token_slot_tensor`,
-`meta`): a non-blocking copy from the pinned host tensor (a plain `torch.tensor(list,
+(issue 19.2). Every consumer still gets its own device tensors (`on`, or `ids`,
+`token_slot_tensor`, `meta` one by one): a non-blocking copy from the pinned host buffer (a plain `torch.tensor(list,
 device=cuda)` is a pageable copy, which synchronises the stream), and a clone on the CPU, so the
 eager, replay and probe copies never share an input tensor one of them could corrupt."""
 from __future__ import annotations
@@ -13,6 +13,14 @@ from dataclasses import dataclass, field
 import torch
 
 from .islands.gdn import GDNMeta
+
+
+@dataclass
+class StepInputs:
+    """One consumer's device copy of a step's inputs (`StepBatch.on`)."""
+    ids: torch.Tensor  # int64 [T]
+    token_slots: torch.Tensor  # int32 [T]
+    meta: GDNMeta
 
 
 @dataclass
@@ -58,24 +66,40 @@ class StepBatch:
             qsl = [0]
             for q in self.query_lens:
                 qsl.append(qsl[-1] + q)
-            host = {"ids": torch.tensor(self.token_ids, dtype=torch.long),
-                    "token_slots": torch.tensor(self.token_slots(), dtype=torch.int32),
-                    "qsl": torch.tensor(qsl, dtype=torch.int32),
-                    "slots": torch.tensor(self.slots, dtype=torch.int32),
-                    "init": torch.tensor(self.has_initial_state, dtype=torch.bool)}
-            self._host = {k: v.pin_memory() for k, v in host.items()} if pin else host
+            fields = {"ids": torch.tensor(self.token_ids, dtype=torch.long),
+                      "token_slots": torch.tensor(self.token_slots(), dtype=torch.int32),
+                      "qsl": torch.tensor(qsl, dtype=torch.int32),
+                      "slots": torch.tensor(self.slots, dtype=torch.int32),
+                      "init": torch.tensor(self.has_initial_state, dtype=torch.bool)}
+            # One byte buffer holding every field at an 8-byte aligned offset: one pinned
+            # allocation and one copy per consumer instead of five (issue 19: host time per step).
+            layout, parts, at = {}, [], 0
+            for k, t in fields.items():
+                n = t.numel() * t.element_size()
+                layout[k] = (at, n, t.dtype)
+                pad = -n % 8
+                parts += [t.view(torch.uint8), torch.zeros(pad, dtype=torch.uint8)]
+                at += n + pad
+            buf = torch.cat(parts)
+            self._host = {"buf": buf.pin_memory() if pin else buf, "layout": layout,
+                          "ids": fields["ids"].pin_memory() if pin else fields["ids"]}
         return self
 
     def release(self) -> None:
         """Drop the host tensors (after the step: a long run keeps its batches, not their buffers)."""
         self._host = None
 
-    def _dev(self, key: str, device) -> torch.Tensor:
-        t = self.prepare()._host[key]
+    def on(self, device) -> "StepInputs":
+        """This step's inputs on `device`, tensors of the caller's own: one non-blocking copy of
+        the pinned host buffer (a plain `torch.tensor(list, device=cuda)` is a pageable copy, which
+        synchronises the stream), or a clone on the CPU, viewed as the fields."""
+        h = self.prepare()._host
         device = torch.device(device)
-        if device.type == "cpu":
-            return t.clone()  # a tensor of the consumer's own
-        return t.to(device, non_blocking=t.is_pinned())
+        buf = h["buf"].clone() if device.type == "cpu" else h["buf"].to(device, non_blocking=h["buf"].is_pinned())
+        f = {k: buf[o:o + n].view(dt) for k, (o, n, dt) in h["layout"].items()}
+        meta = GDNMeta(query_start_loc=f["qsl"], state_indices=f["slots"], has_initial_state=f["init"],
+                       num_decodes=self.num_decodes, num_tokens=self.num_tokens)
+        return StepInputs(f["ids"], f["token_slots"], meta)
 
     def host_ids(self) -> torch.Tensor:
         """The prepared host tensor of token ids (pinned when prepared so): copy it with
@@ -84,20 +108,14 @@ class StepBatch:
 
     def ids(self, device) -> torch.Tensor:
         """Token ids, int64, on `device` (a tensor of the caller's own)."""
-        return self._dev("ids", device)
+        return self.on(device).ids
 
     def token_slot_tensor(self, device) -> torch.Tensor:
         """Each token's state slot, int32, on `device`."""
-        return self._dev("token_slots", device)
+        return self.on(device).token_slots
 
     def meta(self, device) -> GDNMeta:
-        return GDNMeta(
-            query_start_loc=self._dev("qsl", device),
-            state_indices=self._dev("slots", device),
-            has_initial_state=self._dev("init", device),
-            num_decodes=self.num_decodes,
-            num_tokens=self.num_tokens,
-        )
+        return self.on(device).meta
 
     def to_json(self) -> dict:
         return {"step": self.step, "request_ids": self.request_ids, "slots": self.slots,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .batch import StepBatch
+from .batch import StepBatch, StepInputs
 from .capture import DEFAULT_SIZES, Graph, IslandRunner, OverIslandRunner, Piece, pad_size
 from .graphs.lint import Lint, LintSchedule
 from .islands.gdn import GDNMeta, Submod0, Submod1
@@ -29,10 +29,6 @@ __all__ = ["DEFAULT_SIZES", "EagerRunner", "Finding", "GraphRunner", "HostReadba
            "pad_size"]
 
 
-def _ids(batch: StepBatch, device) -> torch.Tensor:
-    return batch.ids(device)  # from the batch's prepared host tensor: no stream sync
-
-
 class EagerRunner:
     """The reference: every island eager, exact shapes, no padding."""
 
@@ -42,8 +38,9 @@ class EagerRunner:
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
         c = self.copy
         c.set_context(batch.num_tokens)
+        d = batch.on(c.device)  # from the batch's prepared host buffer: no stream sync
         with torch.inference_mode():
-            o0, core, o1 = c.chain(_ids(batch, c.device), batch.meta(c.device))
+            o0, core, o1 = c.chain(d.ids, d.meta)
             ids = c.head(hidden=o1["hidden"])["token_ids"]
         return collect(o0, o1, ids, batch.num_tokens, core)
 
@@ -105,10 +102,10 @@ class GraphRunner:
             return 0 if self.sentinel != 0 else -1
         return self.sentinel
 
-    def _fill(self, batch: StepBatch, size: int) -> None:
+    def _fill(self, batch: StepBatch, size: int, d: StepInputs) -> None:
         n = batch.num_tokens
-        self.input_ids[:n].copy_(_ids(batch, self.copy.device))
-        self.token_slot[:n].copy_(batch.token_slot_tensor(self.copy.device))
+        self.input_ids[:n].copy_(d.ids)
+        self.token_slot[:n].copy_(d.token_slots)
         if size > n and self.opts.pad is not Pad.STALE:
             # nano-vllm's `slot_mapping.fill_(-1)`: padded rows carry the kernel's sentinel.
             self.input_ids[n:size].zero_()
@@ -236,12 +233,12 @@ class GraphRunner:
         return self._findings + [f for f in races if f is not None]
 
     # ---- step -----------------------------------------------------------------------------
-    def _ready(self, batch: StepBatch) -> _Captured | None:
+    def _ready(self, batch: StepBatch, d: StepInputs) -> _Captured | None:
         """Fill the static buffers, set the forward context and capture this size if needed;
         None: the step runs eagerly."""
         c = self.copy
         size = self._graphable(batch)
-        self._fill(batch, size or batch.num_tokens)
+        self._fill(batch, size or batch.num_tokens, d)
         c.set_context(batch.num_tokens)
         if size is None:
             return None
@@ -259,9 +256,10 @@ class GraphRunner:
 
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
         c = self.copy
-        cap = self._ready(batch)
+        d = batch.on(c.device)  # this copy's own inputs, one copy from the batch's host buffer
+        cap = self._ready(batch, d)
         if cap is None:
-            return self._eager_step(batch)
+            return self._eager_step(batch, d)
         n = batch.num_tokens
         self._step, self._amplified, self._producer_start = batch.step, False, None
         with torch.inference_mode():
@@ -271,7 +269,7 @@ class GraphRunner:
                 o1 = {k: o[k] for k in Submod1.outputs}
                 fresh = None
             else:
-                held, fresh, o1 = self._step_piecewise(cap, batch)
+                held, fresh, o1 = self._step_piecewise(cap, batch, d)
             o1 = self._consume(o1)
             ids = c.head(hidden=o1["hidden"][:n])["token_ids"]
             out = collect(held, o1, ids, n, fresh)
@@ -291,7 +289,7 @@ class GraphRunner:
                     self._side_race.order_device(batch.step, read, self._producer_start)
         return out
 
-    def _step_piecewise(self, cap: _Captured, batch: StepBatch):
+    def _step_piecewise(self, cap: _Captured, batch: StepBatch, d: StepInputs):
         c, n, size = self.copy, batch.num_tokens, cap.size
         o0 = self._run_piece(cap.pieces[0], lambda: c.submod0(input_ids=self.input_ids[:size]))
         self.clear_core_out(o0, size)
@@ -300,7 +298,7 @@ class GraphRunner:
             for k, v in cap.owned0.items():
                 v.copy_(o0[k])
             held = {**o0, **cap.owned0}
-        meta = batch.meta(c.device)
+        meta = d.meta
         kind = (batch.num_decodes > 0, batch.num_tokens > batch.num_decodes)
         core = (lambda: c.core(o0, meta, n))  # noqa: E731
         fresh = self._linted(core) if self._lint.due(kind, batch.step) else core()
@@ -345,7 +343,7 @@ class GraphRunner:
     def replayer(self, batch: StepBatch):
         """A callable that replays this batch's captured size as a step would, without refilling
         the inputs or reading the outputs (what `repro bench` times). Captures it if needed."""
-        cap = self._ready(batch)
+        cap = self._ready(batch, batch.on(self.copy.device))
         if cap is None:
             raise ValueError(f"a step of {batch.num_tokens} tokens runs eagerly in {self.mode} mode")
         if self.mode is Mode.FULL:
@@ -413,11 +411,11 @@ class GraphRunner:
                                       self.opts.amplify, self.opts.amplify_us)
         return self._host.read(out, self._step)
 
-    def _eager_step(self, batch: StepBatch):
+    def _eager_step(self, batch: StepBatch, d: StepInputs):
         c = self.copy
         n = batch.num_tokens
         with torch.inference_mode():
-            o0, core, o1 = c.chain(self.input_ids[:n], batch.meta(c.device))
+            o0, core, o1 = c.chain(self.input_ids[:n], d.meta)
             ids = c.head(hidden=o1["hidden"])["token_ids"]
         return collect(o0, o1, ids, n, core)
 

@@ -137,8 +137,8 @@ def test_pad_rows_carry_what_the_pad_option_names(model, pad, want):
                          opts=RunnerOptions(pad=pad))
     step = lambda slots: StepBatch(list(range(len(slots))), slots, [1] * len(slots), [True] * len(slots),  # noqa: E731
                                    [5] * len(slots), live_slots=slots)
-    runner._fill(step([1, 2, 3, 4]), 4)
-    runner._fill(step([1, 2]), 4)
+    for b in (step([1, 2, 3, 4]), step([1, 2])):
+        runner._fill(b, 4, b.on("cpu"))
     assert runner.token_slot[2:4].tolist() == want
 
 
