@@ -190,6 +190,30 @@ def test_the_weight_digest_wraps_modulo_2_64_on_the_device_as_on_the_host(device
     assert abs(sum(host.tolist())) > 2 ** 63 and int(digest_words(as_bytes)) == exact
     assert int(digest_words(as_bytes)) == int(digest_words(as_bytes))
 
+
+def test_the_frozen_reads_see_a_weight_word_and_a_state_slot_at_the_step(device):
+    """On a CUDA device the weight digests and the state slot flags are one captured graph each,
+    replayed per step (`stepcheck.Frozen`); elsewhere they run directly. Either way a changed weight
+    byte and a changed slot are seen at the next read, a clean step stays clean, and state tensors
+    at new addresses are read (captured again), not the old ones."""
+    w = torch.arange(64, dtype=torch.int8, device=device)
+    check = StepCheck({"layer.w": w})
+    sa = {"conv_state": torch.zeros(3, 2, 4, device=device), "ssm_state": torch.zeros(4, 8, device=device)}
+    sb = {k: v.clone() for k, v in sa.items()}
+    out = {"submod0.qkv": torch.ones(2, 3, device=device)}
+    assert check.read(check.launch(out, out, sa, sb)).clean
+    w[5] += 1
+    assert check.read(check.launch(out, out, sa, sb)).weights == ["layer.w"]
+    w[5] -= 1
+    sb["ssm_state"][2, 7] = 1.0
+    v = check.read(check.launch(out, out, sa, sb))
+    assert v.slots == {"conv_state": [], "ssm_state": [2]} and not v.weights
+    moved = {k: v.clone() for k, v in sa.items()}
+    assert check.read(check.launch(out, out, sa, moved)).clean
+    moved["conv_state"][1, 1, 3] = -1.0
+    assert check.read(check.launch(out, out, sa, moved)).slots["conv_state"] == [1]
+
+
 def test_a_clean_step_reads_the_device_once(setup, monkeypatch):
     """No per-tensor `.item()`, `torch.equal` or bool() of a tensor: one `tolist` of one vector
     per decode step (steps that capture a graph aside: capture-time lints read tensors; and
@@ -220,5 +244,9 @@ def test_prepared_inputs_are_each_consumers_own(setup):
     m1, m2 = b.meta("cpu"), b.meta("cpu")
     assert m1.state_indices.tolist() == b.slots and m1.state_indices.data_ptr() != m2.state_indices.data_ptr()
     assert b.ids("cpu").tolist() == b.token_ids and b.token_slot_tensor("cpu").tolist() == b.token_slots()
+    d = b.on("cpu")  # one copy of the host buffer, viewed as every field
+    assert d.meta.query_start_loc.tolist() == [0, *torch.tensor(b.query_lens).cumsum(0).tolist()]
+    assert d.meta.has_initial_state.tolist() == b.has_initial_state and d.ids.dtype == torch.long
+    assert d.ids.untyped_storage().data_ptr() == d.meta.state_indices.untyped_storage().data_ptr()
     b.release()
     assert b._host is None and b.ids("cpu").tolist() == b.token_ids  # rebuilt on demand
