@@ -8,8 +8,10 @@ device check (`check="device"`: one read per step, every state slot, every weigh
 the previous host path (`check="host"`) for comparison. Reported: steps/s over the whole run
 (captures included) and in steady state (steps that captured nothing), and where a steady step's
 time goes (`lockstep.Phases`: eager, replay, compare, weights, read, prepare, oracle, in us and
-as fractions of the step's wall time; device events on a GPU, so host phases overlap). Nothing
-here asserts a timing.
+as fractions of the step's wall time; device events on a GPU, so host phases overlap). The first
+case runs once untimed before any is timed: Triton compiles and autotunes each kernel variant on
+first use (seconds), which would otherwise land in whichever case met it first. Nothing here
+asserts a timing.
 """
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
     seq = default_sequence(seed, steps, vocab=model.cfg.vocab_size)
     out: dict = {"checkpoint": str(model.path), "device": device_name(provider), "provider": provider.name,
                  "steps": steps, "target_steps_per_s": TARGET_STEPS_PER_S, "cases": []}
+    if cases:  # compile and autotune every kernel the sequence needs before the first timed case
+        run_checked(model, provider, *cases[0], seq, checks[0] if checks else "device")
     for island, mode in cases:
         for check in checks:
             t0 = time.perf_counter()
