@@ -1,0 +1,57 @@
+"""Checked lockstep steps/s (device check) of one tree, to compare two trees on one machine in one
+call (GPU machines differ by 1.3-1.5x, so figures from two calls do not compare). A GPU figure for
+docs/BENCH.md (issue 19); not a test.
+
+    git archive OLD kernels repro | tar -x -C /tmp/old     # the other tree's packages
+    python tools/ab_rates.py old --tree /tmp/old
+    python tools/ab_rates.py new
+    python tools/ab_rates.py new-old-prefill \
+        --kernels all=triton,causal_conv1d_fn=torch,gated_delta_rule_prefill=reference
+
+Each case (`repro.lockrates.CASES`, real-layer checkpoint) runs once untimed (compiles, autotunes),
+then `--reps` times timed.
+"""
+import argparse
+import os
+import sys
+import time
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("tag")
+    ap.add_argument("--tree", help="a folder holding the `kernels` and `repro` packages to measure")
+    ap.add_argument("--kernels", default="all=triton")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args()
+    sys.path.insert(0, os.path.abspath(a.tree or os.path.join(os.path.dirname(__file__), "..")))
+    import kernels
+    import repro
+    from kernels import registry
+    from repro.bench import checkpoint_for
+    from repro.graphs import make_provider
+    from repro.islands import Model
+    from repro.job import default_sequence
+    from repro.lockrates import CASES, run_checked
+
+    with registry.using(**registry.parse(a.kernels)):
+        provider = make_provider(a.device)
+        model = Model(checkpoint_for("real-layer", provider.device), provider.device)
+        seq = default_sequence(0, a.steps, vocab=model.cfg.vocab_size)
+        for island, mode in CASES:
+            run_checked(model, provider, island, mode, seq, "device")
+        for rep in range(a.reps):
+            for island, mode in CASES:
+                t = time.perf_counter()
+                r = run_checked(model, provider, island, mode, seq, "device")
+                dt = time.perf_counter() - t
+                print(f"{a.tag} rep{rep} {island:8} {mode:9} steady {r.phases.get('steady_steps_per_s')} steps/s, "
+                      f"run {r.steps / dt:.1f}", flush=True)
+    print(a.tag, os.path.dirname(kernels.__file__), os.path.dirname(repro.__file__))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
