@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .compare import ordered
+from .graphs.refusals import collection_paused
 
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -120,18 +121,9 @@ class Frozen:
         hit = self._graphs.get(key)
         if hit is None:
             fn()  # warm-up outside the capture (allocator, kernel selection)
-            # capture_begin/end on a side stream rather than `torch.cuda.graph`, whose entry runs
-            # gc.collect() and empty_cache(): the checker must not move the allocator state the
-            # pool and alias hazards of the copies it checks depend on.
-            graph, side, main = torch.cuda.CUDAGraph(), torch.cuda.Stream(), torch.cuda.current_stream()
-            side.wait_stream(main)
-            with torch.cuda.stream(side):
-                graph.capture_begin()
-                try:
-                    out = fn()
-                finally:
-                    graph.capture_end()
-            main.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with collection_paused(), torch.cuda.graph(graph):  # no gc inside a capture (`refusals`)
+                out = fn()
             hit = self._graphs[key] = (graph, out)
         hit[0].replay()
         return hit[1]
