@@ -55,7 +55,8 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
     log = log or (lambda s: None)
     seq = default_sequence(seed, steps, vocab=model.cfg.vocab_size)
     out: dict = {"checkpoint": str(model.path), "device": device_name(provider), "provider": provider.name,
-                 "steps": steps, "target_steps_per_s": TARGET_STEPS_PER_S, "cases": []}
+                 "steps": steps, "target_steps_per_s": TARGET_STEPS_PER_S,
+                 "host_us_per_op": host_us_per_op(provider.device), "cases": []}
     if cases:  # compile and autotune every kernel the sequence needs before the first timed case
         run_checked(model, provider, *cases[0], seq, checks[0] if checks else "device")
     for island, mode in cases:
@@ -76,6 +77,27 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
         out["hunt"] = hunt_rate(model, provider, examples)
         log(f"  hunt {out['hunt']['examples_per_s']} examples/s ({out['hunt']['examples']} examples)")
     return out
+
+
+def host_us_per_op(device, calls: int = 2000) -> float:
+    """This machine's host speed in the same run: microseconds of host time per call of one small
+    aten op on `device` (`x.add(x)`, median of 5 batches, no synchronisation inside a batch). A
+    checked step is host-bound, so steps/s from two machines compare only after dividing by this
+    (GPU machines of one kind differed by up to 1.6x in steps/s for the same tree)."""
+    import statistics
+
+    import torch
+    x = torch.ones(8, device=device)
+    sync = getattr(torch, torch.device(device).type, None)
+    times = []
+    for _ in range(6):
+        t = time.perf_counter()
+        for _ in range(calls):
+            x.add(x)
+        times.append((time.perf_counter() - t) / calls * 1e6)
+        if sync is not None and hasattr(sync, "synchronize"):
+            sync.synchronize()
+    return round(statistics.median(times[1:]), 2)
 
 
 def hunt_rate(model, provider, examples: int) -> dict:
@@ -113,6 +135,8 @@ def format_rates(r: dict) -> str:
                  f"(steps without a capture); time shares of a steady step ({r['cases'][0]['timing'] if r['cases'] else '-'})")
     if "hunt" in r:
         lines.append(f"hunt: {r['hunt']['examples_per_s']} examples/s ({r['hunt']['examples']} examples)")
+    if r.get("host_us_per_op") is not None:
+        lines.append(f"host speed: {r['host_us_per_op']} us per small op call (compare machines by it)")
     return "\n".join(lines)
 
 

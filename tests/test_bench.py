@@ -176,6 +176,7 @@ def test_lockstep_rates_structure(model):
         assert c["steady_steps"] + c["captures"] >= c["steps"] and c["us_per_step"]["eager"] > 0
     assert r["hunt"]["examples"] >= 1 and r["hunt"]["examples_per_s"] > 0
     assert "steps/s" in format_rates(r) and "hunt:" in format_rates(r)
+    assert r["host_us_per_op"] > 0 and "host speed" in format_rates(r)
 
 
 def test_cli_lockstep_rates_in_the_json(tiny_path, tmp_path):

@@ -35,6 +35,10 @@ def main() -> int:
     from repro.islands import Model
     from repro.job import default_sequence
     from repro.lockrates import CASES, run_checked
+    try:
+        from repro.lockrates import host_us_per_op
+    except ImportError:  # a tree from before it existed
+        host_us_per_op = None
 
     with registry.using(**registry.parse(a.kernels)):
         provider = make_provider(a.device)
@@ -49,7 +53,8 @@ def main() -> int:
                 dt = time.perf_counter() - t
                 print(f"{a.tag} rep{rep} {island:8} {mode:9} steady {r.phases.get('steady_steps_per_s')} steps/s, "
                       f"run {r.steps / dt:.1f}", flush=True)
-    print(a.tag, os.path.dirname(kernels.__file__), os.path.dirname(repro.__file__))
+    speed = f", host {host_us_per_op(a.device)} us per small op" if host_us_per_op else ""
+    print(a.tag, os.path.dirname(kernels.__file__), os.path.dirname(repro.__file__) + speed)
     return 0
 
 
