@@ -3,9 +3,10 @@
 `prepare()` builds the step's host tensors (token ids, per-token slots, metadata) once, pinned
 when an accelerator is present, so the lockstep can build step k+1's while the device runs step k
 (issue 19.2). Every consumer still gets its own device tensors (`on`, or `ids`,
-`token_slot_tensor`, `meta` one by one): a non-blocking copy from the pinned host buffer (a plain `torch.tensor(list,
-device=cuda)` is a pageable copy, which synchronises the stream), and a clone on the CPU, so the
-eager, replay and probe copies never share an input tensor one of them could corrupt."""
+`token_slot_tensor`, `meta` one by one): a non-blocking copy from the pinned host buffer (a plain
+`torch.tensor(list, device=cuda)` is a pageable copy, which synchronises the stream), and a clone
+on the CPU, so the eager, replay and probe copies never share an input tensor one of them could
+corrupt."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

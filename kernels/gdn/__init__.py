@@ -8,8 +8,8 @@ Per value head h (key head h // (Hv // Hk)), fp32:
 `kernels/_state.py`. Outputs in v's dtype, zero for sentinel rows / tokens outside every request.
 
 Providers: gating `reference`, `triton`; decode `reference` (row loop), `torch` (batched), `fla`,
-`triton` (`triton.py`); prefill `reference` (chunked WY form), `fla`, `triton` (recurrent). `naive.py` is an independent token-by-token
-recurrence used by the tests.
+`triton` (`triton.py`); prefill `reference` (chunked WY form), `fla`, `triton` (recurrent).
+`naive.py` is an independent token-by-token recurrence used by the tests.
 """
 from __future__ import annotations
 
