@@ -32,6 +32,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("launch_cost: needs a CUDA device", file=sys.stderr)
         return 2
+    import triton
     from triton.runtime import driver
 
     from kernels import registry
@@ -65,6 +66,17 @@ def main() -> int:
             rows.append(("CompiledKernel.run (the C launcher)", per_call(raw, a.n)))
         except Exception as e:  # the launcher's signature is Triton's internal API
             print(f"CompiledKernel.run: {type(e).__name__}: {e}")
+        from kernels.w8a8_linear import triton as kw
+        wq = torch.randint(-127, 127, (8192, 2048), dtype=torch.int8, device="cuda")
+        wsc = torch.rand(8192, device="cuda")
+        rows.append(("w8a8 provider, autotuned, M=1 2048->8192",
+                     per_call(lambda: kw.w8a8_linear(x, wq, wsc, None), a.n)))
+        words = wq.view(torch.int32)
+        o = torch.empty(1, 8192, dtype=x.dtype, device="cuda")
+        rows.append(("  its Autotuner kernel[grid](...)", per_call(
+            lambda: kw._w8a8_rows_kernel[lambda meta: (1, triton.cdiv(8192, meta["BN"]))](
+                x, words, wsc, wsc, o, 8192, x.stride(0), words.stride(0), o.stride(0), 1, KD=2048,
+                HAS_BIAS=False), a.n)))
         rows.append(("torch.empty_like", per_call(lambda: torch.empty_like(x), a.n)))
         rows.append(("x.add(x) (one aten kernel)", per_call(lambda: x.add(x), a.n)))
     for name, us in rows:

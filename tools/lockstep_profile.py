@@ -47,6 +47,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--torch-profiler", action="store_true",
                     help="torch.profiler (host time per op, custom ops included) instead of cProfile")
+    ap.add_argument("--callers", default="",
+                    help="cProfile: comma-separated function patterns ('to' of, pin_memory) whose callers to list")
     a = ap.parse_args()
     from kernels import registry
     from repro.bench import checkpoint_for
@@ -87,6 +89,11 @@ def main() -> int:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats(key).print_stats(a.top)
         print(f"==== by {key}")
+        print(s.getvalue())
+    for pattern in filter(None, a.callers.split(",")):
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_callers(pattern)
+        print(f"==== callers of {pattern}")
         print(s.getvalue())
     return 0
 
