@@ -40,8 +40,7 @@ class Arena:
         self.segments: list[torch.Tensor] = []
         self.free: list[list[tuple[int, int]]] = []  # per segment: sorted (offset, nbytes)
         self.live: dict[tuple[int, int], int] = {}  # (segment, offset) -> nbytes
-        self.reused = 0  # blocks handed out over bytes an earlier block had used
-        self._ever: set[tuple[int, int, int]] = set()
+        self._largest: dict[tuple[int, int], int] = {}  # (segment, offset) -> largest nbytes taken there
         # Graphs captured into this arena and still alive. When the last one goes, the arena is
         # `released`: CUDA's allocator asserts `use_count > 0` on a capture into such a pool while
         # any of its memory is in use, and the tape refuses every such capture (stricter than CUDA
@@ -76,9 +75,8 @@ class Arena:
 
     def _take(self, seg: int, off: int, n: int) -> tuple[int, int]:
         self.live[(seg, off)] = n
-        if any(s == seg and o < off + n and off < o + m for (s, o, m) in self._ever):
-            self.reused += 1
-        self._ever.add((seg, off, n))
+        if n > self._largest.get((seg, off), 0):
+            self._largest[(seg, off)] = n
         return seg, off
 
     def release(self, block: tuple[int, int]) -> None:
@@ -99,14 +97,14 @@ class Arena:
 
     def tensor(self, block, shape, stride, dtype, storage_offset=0) -> torch.Tensor:
         seg, off = block
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         nbytes = self.live.get(block) or _storage_nbytes(shape, stride, itemsize)
         flat = _block_bytes(self.segments[seg], off, nbytes)
         flat = flat[: (flat.numel() // itemsize) * itemsize].view(dtype)
         return flat.as_strided(shape, stride, storage_offset)
 
     def empty_like_strided(self, shape, stride, dtype) -> tuple[torch.Tensor, tuple[int, int]]:
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         block = self.alloc(_storage_nbytes(shape, stride, itemsize))
         return self.tensor(block, shape, stride, dtype), block
 
@@ -116,5 +114,5 @@ class Arena:
         been handed out again with another size. Without it: the live size, else the largest ever."""
         seg, off = block
         base = self.segments[seg].data_ptr()
-        n = nbytes or self.live.get(block) or max((m for s, o, m in self._ever if s == seg and o == off), default=0)
+        n = nbytes or self.live.get(block) or self._largest.get(block, 0)
         return base + off, base + off + n

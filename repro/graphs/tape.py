@@ -61,9 +61,53 @@ def _sptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+_MUTATES: dict = {}
+
+
 def _mutates(func) -> bool:
-    schema = getattr(func, "_schema", None)
-    return bool(schema) and any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    hit = _MUTATES.get(func)
+    if hit is None:
+        schema = getattr(func, "_schema", None)
+        hit = _MUTATES[func] = bool(schema) and any(a.alias_info is not None and a.alias_info.is_write
+                                                    for a in schema.arguments)
+    return hit
+
+
+def _arg_tensors(args, kwargs) -> list[torch.Tensor]:
+    """The tensors among an op's arguments, in `tree_flatten` order. An aten schema nests at most
+    one list deep (`Tensor[]`, `Tensor?[]`): walked here directly, since `tree_flatten` costs more
+    than the recording itself on small ops (it was half the tape's capture time); anything else
+    goes through it."""
+    out = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif type(a) is list or type(a) is tuple:
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    out.append(x)
+                elif isinstance(x, (list, tuple, dict)):
+                    return [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        elif isinstance(a, (list, tuple, dict)):
+            return [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    return out
+
+
+def _flatten(result) -> tuple[list, object]:
+    """`tree_flatten` of an op's result, directly for a tensor or a plain tuple or list of tensors."""
+    if isinstance(result, torch.Tensor):
+        return [result], None
+    if (type(result) is tuple or type(result) is list) and all(isinstance(t, torch.Tensor) for t in result):
+        return list(result), type(result)
+    return tree_flatten(result)
+
+
+def _unflatten(flat: list, spec):
+    if spec is None:
+        return flat[0]
+    if spec is tuple or spec is list:
+        return spec(flat)
+    return tree_unflatten(flat, spec)
 
 
 def _is_collective(func) -> bool:
@@ -137,7 +181,7 @@ class TapeGraph:
             if op.collective:
                 _wait_works(result)  # replay completes the collective before the next op reads it
             if op.fresh:
-                flat, _ = tree_flatten(result)
+                flat, _ = _flatten(result)
                 for i, target in op.fresh:
                     target.copy_(flat[i])
 
@@ -168,15 +212,17 @@ class _Recorder(TorchDispatchMode):
             finally:
                 self.within.pop()
         result = func(*args, **kwargs)
-        in_ptrs = {_sptr(a) for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
-        flat, spec = tree_flatten(result)
-        outs = {id(t): t for t in flat if isinstance(t, torch.Tensor)}
-        per_storage = Counter(_sptr(t) for t in outs.values())
+        in_ptrs = {_sptr(a) for a in _arg_tensors(args, kwargs)}
+        flat, spec = _flatten(result)
+        per_storage = None  # distinct result tensors per storage, counted when first needed
         fresh: list[tuple[int, torch.Tensor]] = []
         workspace = False
         for i, t in enumerate(flat):
             if not isinstance(t, torch.Tensor) or _sptr(t) in in_ptrs or t.device.type != "cpu":
                 continue  # aliases an input (a view, an in-place op's self, a no-op `to`)
+            if per_storage is None and t.numel():
+                outs = {id(u): u for u in flat if isinstance(u, torch.Tensor)}
+                per_storage = Counter(_sptr(u) for u in outs.values()) if len(outs) > 1 else {_sptr(t): 1}
             if t.numel() and _held_elsewhere(t, per_storage[_sptr(t)]):
                 workspace = True  # a view of memory the op keeps: the allocator gives no new block
                 continue
@@ -192,7 +238,7 @@ class _Recorder(TorchDispatchMode):
         coll = _is_collective(func)
         self.graph.ops.append(_Op(func, args, kwargs, fresh, _mutates(func) or coll, coll, workspace,
                                   self.within[-1] if self.within else None))
-        return tree_unflatten(flat, spec)
+        return _unflatten(flat, spec)
 
 
 class TapeProvider:
