@@ -1,6 +1,8 @@
 """The CPU tape reproduces what a device graph freezes: addresses, Python decisions, kernels."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from repro.graphs import CaptureError, TapeProvider
 from repro.graphs.pool import Arena
@@ -202,3 +204,36 @@ def test_written_spans_keep_the_size_a_block_had_when_taken():
         p.release_all_but(g1, [])
         g2, o2 = p.capture(lambda: torch.cat([x, x, x, x, x]), pool)  # same offset, larger block
     assert o2.data_ptr() == o1.data_ptr() and p.written_spans(g1) == [(a, b)]
+
+
+_leaf = st.sampled_from(["t", "n", "i", "f"])
+_arg = st.recursive(_leaf, lambda inner: st.lists(inner, max_size=3) | st.tuples(inner, inner)
+                    | st.dictionaries(st.sampled_from("ab"), inner, max_size=2), max_leaves=8)
+
+
+def _build(tree):
+    """A sampled shape of an op argument, with real tensors at its "t" leaves."""
+    if isinstance(tree, str):
+        return {"t": lambda: torch.zeros(1), "n": lambda: None, "i": lambda: 3, "f": lambda: 0.5}[tree]()
+    if isinstance(tree, dict):
+        return {k: _build(v) for k, v in tree.items()}
+    return type(tree)(_build(v) for v in tree)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_arg, max_size=4), st.dictionaries(st.sampled_from(["out", "indices", "dim"]), _arg, max_size=2))
+def test_the_tapes_argument_walk_finds_the_tensors_pytree_finds(args, kwargs):
+    # The recorder walks an op's arguments one list level deep (as aten schemas nest) and hands
+    # anything deeper to pytree; either way the same tensor objects, in the same order.
+    from torch.utils._pytree import tree_flatten
+
+    from repro.graphs.tape import _arg_tensors, _flatten, _unflatten
+    a, kw = tuple(_build(x) for x in args), {k: _build(v) for k, v in kwargs.items()}
+    want = [t for t in tree_flatten((a, kw))[0] if isinstance(t, torch.Tensor)]
+    got = _arg_tensors(a, kw)
+    assert len(got) == len(want) and all(x is y for x, y in zip(got, want))
+    # results: flattened and rebuilt to the same structure, the same leaves
+    flat, spec = _flatten(a)
+    assert [id(x) for x in flat] == [id(x) for x in tree_flatten(a)[0]]
+    rebuilt = _unflatten(list(flat), spec)
+    assert type(rebuilt) is type(a) and tree_flatten(rebuilt)[1] == tree_flatten(a)[1]
