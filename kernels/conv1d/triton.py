@@ -16,15 +16,32 @@ from kernels.triton_helpers import (_add, _last_claimant, _mul, _np2, _silu, _sl
 
 
 @triton.jit
+def _conv_weights(w_ptr, rc, swc, cm):
+    """The four taps' weights of channels rc, fp32."""
+    w0 = tl.load(w_ptr + rc * swc + 0, mask=cm, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + rc * swc + 1, mask=cm, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + rc * swc + 2, mask=cm, other=0.0).to(tl.float32)
+    w3 = tl.load(w_ptr + rc * swc + 3, mask=cm, other=0.0).to(tl.float32)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _conv_out(c0, c1, c2, x, w0, w1, w2, w3):
+    """silu(c0 w0 + c1 w1 + c2 w2 + x w3) on fp32 inputs, summed left to right (`conv_taps`)."""
+    acc = _mul(c0, w0)
+    acc = _add(acc, _mul(c1, w1))
+    acc = _add(acc, _mul(c2, w2))
+    acc = _add(acc, _mul(x, w3))
+    return _silu(acc)
+
+
+@triton.jit
 def _conv_update_kernel(x_ptr, w_ptr, st_ptr, idx_ptr, y_ptr, B, C, S, sentinel, sxb, swc, sss, ssc, syb,
                         BC: tl.constexpr, BB: tl.constexpr):
     """Kernel width 4 (3 state columns): y = silu(c0 w0 + c1 w1 + c2 w2 + x w3), state <- (c1, c2, x)."""
     rc = tl.program_id(0) * BC + tl.arange(0, BC)
     cm = rc < C
-    w0 = tl.load(w_ptr + rc * swc + 0, mask=cm, other=0.0).to(tl.float32)
-    w1 = tl.load(w_ptr + rc * swc + 1, mask=cm, other=0.0).to(tl.float32)
-    w2 = tl.load(w_ptr + rc * swc + 2, mask=cm, other=0.0).to(tl.float32)
-    w3 = tl.load(w_ptr + rc * swc + 3, mask=cm, other=0.0).to(tl.float32)
+    w0, w1, w2, w3 = _conv_weights(w_ptr, rc, swc, cm)
     for b in range(0, B):
         idx = tl.load(idx_ptr + b).to(tl.int64)
         valid, slot = _slot(idx, sentinel, S)
@@ -34,11 +51,8 @@ def _conv_update_kernel(x_ptr, w_ptr, st_ptr, idx_ptr, y_ptr, B, C, S, sentinel,
         c1 = tl.load(base + 1, mask=cm, other=0.0)
         c2 = tl.load(base + 2, mask=cm, other=0.0)
         xv = tl.load(x_ptr + b * sxb + rc, mask=cm, other=0.0)
-        acc = _mul(c0.to(tl.float32), w0)
-        acc = _add(acc, _mul(c1.to(tl.float32), w1))
-        acc = _add(acc, _mul(c2.to(tl.float32), w2))
-        acc = _add(acc, _mul(xv.to(tl.float32), w3))
-        y = tl.where(valid, _silu(acc), 0.0)
+        y = tl.where(valid, _conv_out(c0.to(tl.float32), c1.to(tl.float32), c2.to(tl.float32), xv.to(tl.float32),
+                                      w0, w1, w2, w3), 0.0)
         tl.store(y_ptr + b * syb + rc, y.to(y_ptr.dtype.element_ty), mask=cm)
         wm = cm & write
         tl.store(base + 0, c1, mask=wm)
@@ -72,10 +86,7 @@ def _conv_fn_kernel(x_ptr, w_ptr, st_ptr, qsl_ptr, idx_ptr, init_ptr, y_ptr, B, 
     history (its state row, or zeros without an initial state) and written back at the end."""
     rc = tl.program_id(0) * BC + tl.arange(0, BC)
     cm = rc < C
-    w0 = tl.load(w_ptr + rc * swc + 0, mask=cm, other=0.0).to(tl.float32)
-    w1 = tl.load(w_ptr + rc * swc + 1, mask=cm, other=0.0).to(tl.float32)
-    w2 = tl.load(w_ptr + rc * swc + 2, mask=cm, other=0.0).to(tl.float32)
-    w3 = tl.load(w_ptr + rc * swc + 3, mask=cm, other=0.0).to(tl.float32)
+    w0, w1, w2, w3 = _conv_weights(w_ptr, rc, swc, cm)
     for b in range(0, B):
         idx = tl.load(idx_ptr + b).to(tl.int64)
         valid, slot = _slot(idx, sentinel, S)
@@ -89,11 +100,8 @@ def _conv_fn_kernel(x_ptr, w_ptr, st_ptr, qsl_ptr, idx_ptr, init_ptr, y_ptr, B, 
             c2 = tl.load(base + 2, mask=hm, other=0.0).to(tl.float32)
             for t in range(tl.load(qsl_ptr + b), tl.load(qsl_ptr + b + 1)):
                 xv = tl.load(x_ptr + t * sxt + rc, mask=cm, other=0.0).to(tl.float32)
-                acc = _mul(c0, w0)
-                acc = _add(acc, _mul(c1, w1))
-                acc = _add(acc, _mul(c2, w2))
-                acc = _add(acc, _mul(xv, w3))
-                tl.store(y_ptr + t * syt + rc, _silu(acc).to(y_ptr.dtype.element_ty), mask=cm)
+                y = _conv_out(c0, c1, c2, xv, w0, w1, w2, w3)
+                tl.store(y_ptr + t * syt + rc, y.to(y_ptr.dtype.element_ty), mask=cm)
                 c0, c1, c2 = c1, c2, xv
             wm = cm & write
             tl.store(base + 0, c0.to(st_ptr.dtype.element_ty), mask=wm)

@@ -46,6 +46,18 @@ def gdn_gating(A_log, a, dt_bias, b):
 
 
 @triton.jit
+def _gdn_step(q, k, v, g, beta, st, scale):
+    """One token on a value-column block st [DK, BV] of one head's state: q, k L2-normalised (q
+    scaled), decay exp(g), delta rule. Returns (o [BV], the new st)."""
+    q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)) * scale
+    k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6))
+    st = st * tl.exp(g)
+    delta = beta * (v - tl.sum(k[:, None] * st, axis=0))
+    st = st + k[:, None] * delta[None, :]
+    return tl.sum(q[:, None] * st, axis=0), st
+
+
+@triton.jit
 def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_ptr, B, S, sentinel,
                        sqb, sqh, skb, skh, svb, svh, sgb, sbb, sob, soh, ss_s, ss_h, scale,
                        GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
@@ -62,15 +74,12 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, idx_ptr, o_p
         write = _last_claimant(b, slot, valid, idx_ptr, B, S, sentinel, BB)
         q = tl.load(q_ptr + b * sqb + kh * sqh + rk).to(tl.float32)
         k = tl.load(k_ptr + b * skb + kh * skh + rk).to(tl.float32)
-        q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)) * scale
-        k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6))
         sp = s_ptr + slot * ss_s + h * ss_h + rk[:, None] * DV + rv[None, :]
         st = tl.load(sp, mask=vm[None, :], other=0.0)
-        st = st * tl.exp(tl.load(g_ptr + b * sgb + h).to(tl.float32))
         v = tl.load(v_ptr + b * svb + h * svh + rv, mask=vm, other=0.0).to(tl.float32)
-        delta = tl.load(beta_ptr + b * sbb + h).to(tl.float32) * (v - tl.sum(k[:, None] * st, axis=0))
-        st = st + k[:, None] * delta[None, :]
-        o = tl.where(valid, tl.sum(q[:, None] * st, axis=0), 0.0)
+        o, st = _gdn_step(q, k, v, tl.load(g_ptr + b * sgb + h).to(tl.float32),
+                          tl.load(beta_ptr + b * sbb + h).to(tl.float32), st, scale)
+        o = tl.where(valid, o, 0.0)
         tl.store(o_ptr + b * sob + h * soh + rv, o.to(o_ptr.dtype.element_ty), mask=vm)
         tl.store(sp, st, mask=vm[None, :] & write)
 
@@ -120,13 +129,9 @@ def _gdn_prefill_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, qsl_ptr, id
             for t in range(tl.load(qsl_ptr + b), tl.load(qsl_ptr + b + 1)):
                 q = tl.load(q_ptr + t * sqt + kh * sqh + rk).to(tl.float32)
                 k = tl.load(k_ptr + t * skt + kh * skh + rk).to(tl.float32)
-                q = q * (1.0 / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)) * scale
-                k = k * (1.0 / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6))
-                st = st * tl.exp(tl.load(g_ptr + t * sgt + h).to(tl.float32))
                 v = tl.load(v_ptr + t * svt + h * svh + rv, mask=vm, other=0.0).to(tl.float32)
-                delta = tl.load(beta_ptr + t * sbt + h).to(tl.float32) * (v - tl.sum(k[:, None] * st, axis=0))
-                st = st + k[:, None] * delta[None, :]
-                o = tl.sum(q[:, None] * st, axis=0)
+                o, st = _gdn_step(q, k, v, tl.load(g_ptr + t * sgt + h).to(tl.float32),
+                                  tl.load(beta_ptr + t * sbt + h).to(tl.float32), st, scale)
                 tl.store(o_ptr + t * sot + h * soh + rv, o.to(o_ptr.dtype.element_ty), mask=vm)
             tl.store(sp, st, mask=vm[None, :] & write)
 
