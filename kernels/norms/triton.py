@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton_helpers import (_add, _mul, _np2, _silu)
+from kernels.triton_launch import launch
 
 
 @triton.jit
@@ -28,8 +29,8 @@ def rms_norm(x, w, eps):
     x2 = x.reshape(-1, H).contiguous()
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
-        _rms_norm_kernel[(x2.shape[0],)](x2, w, out, H, x2.stride(0), out.stride(0), float(eps), BH=_np2(H),
-                                          num_warps=4 if H >= 1024 else 1)
+        launch(_rms_norm_kernel, (x2.shape[0],), x2, w, out, H, x2.stride(0), out.stride(0), float(eps), BH=_np2(H),
+               num_warps=4 if H >= 1024 else 1)
     return out.reshape(x.shape)
 
 
@@ -55,8 +56,8 @@ def add_rms_norm(x, y, w, eps):
     h = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
-        _add_rms_norm_kernel[(x2.shape[0],)](x2, y2, w, h, out, H, x2.stride(0), y2.stride(0), h.stride(0),
-                                              out.stride(0), float(eps), BH=_np2(H), num_warps=4 if H >= 1024 else 1)
+        launch(_add_rms_norm_kernel, (x2.shape[0],), x2, y2, w, h, out, H, x2.stride(0), y2.stride(0), h.stride(0),
+               out.stride(0), float(eps), BH=_np2(H), num_warps=4 if H >= 1024 else 1)
     return h.reshape(x.shape), out.reshape(x.shape)
 
 
@@ -84,6 +85,6 @@ def rms_norm_gated(x, z, w, eps):
     out = torch.empty(z3.shape, dtype=z.dtype, device=x.device)
     T, R = x3.shape[:2]
     if T * R:
-        _rms_norm_gated_kernel[(T * R,)](x3, z3, w, out, D, R, x3.stride(0), x3.stride(1), z3.stride(0), z3.stride(1),
-                                         float(eps), BD=_np2(D), num_warps=1)
+        launch(_rms_norm_gated_kernel, (T * R,), x3, z3, w, out, D, R, x3.stride(0), x3.stride(1), z3.stride(0),
+               z3.stride(1), float(eps), BD=_np2(D), num_warps=1)
     return out.reshape(x.shape)

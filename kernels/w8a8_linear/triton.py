@@ -12,6 +12,7 @@ import triton.language as tl
 
 from kernels.triton_helpers import (_act_scale, _add, _configs, _dp4a_acc, _mul, _np2, _quantize,
                                     _quick_bench, _row_scale, _row_words, _words)
+from kernels.triton_launch import launch
 
 
 # BM is 16 (the smallest int8 `tl.dot`): a decode batch of B rows takes ceil(B / 16) row blocks.
@@ -100,12 +101,12 @@ def w8a8_linear(x, w, w_scale, bias):
     b = bias if bias is not None else ws
     words = _words(w)
     if M <= ROWS_MAX_M and words is not None:
-        _w8a8_rows_kernel[lambda meta: (M, triton.cdiv(N, meta["BN"]))](
+        launch(_w8a8_rows_kernel, lambda meta: (M, triton.cdiv(N, meta["BN"])),
             x, words, ws, b, out, N, x.stride(0), words.stride(0), out.stride(0), _np2(M), KD=K,
             HAS_BIAS=bias is not None)
         return out
     BM = 16
     grid = lambda meta: (triton.cdiv(N, meta["BN"]), triton.cdiv(M, BM))  # noqa: E731
-    _w8a8_kernel[grid](x, w, ws, b, out, M, N, K, x.stride(0), w.stride(0),
-                       out.stride(0), _np2(min(M, 64)), HAS_BIAS=bias is not None, BM=BM)
+    launch(_w8a8_kernel, grid, x, w, ws, b, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), _np2(min(M, 64)),
+           HAS_BIAS=bias is not None, BM=BM)
     return out
