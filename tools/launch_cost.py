@@ -1,12 +1,16 @@
 """Host microseconds per call of one op on the decode path, layer by layer: the `repro::` op (a
 `torch.library.custom_op` before `kernels/_library.py`, a plain `Library` definition since), the
-same body behind a plain `torch.library.Library` op of this tool's own, the provider function, Triton's
-`kernel[grid](...)`, and the compiled kernel's own launcher. A GPU figure for issue 19 (where an
-eager step's host time goes); not a test.
+same body behind a plain `torch.library.Library` op of this tool's own, the provider function (which
+launches through `kernels.triton_launch.launch`), Triton's `kernel[grid](...)`, the launch cache's
+`launch(...)` (a cache hit), and the compiled kernel's own launcher; then the same three for the
+autotuned W8A8 decode GEMV (`_w8a8_rows_kernel`, one row). A GPU figure for issue 19 (where an
+eager step's host time goes); not a test. The last line gives the launch cache's hit count: 0
+there means the `launch` rows measured the normal path (a fallback).
 
     python tools/launch_cost.py [--n 5000]
 """
 import argparse
+import os
 import sys
 import time
 
@@ -36,7 +40,10 @@ def main() -> int:
     from triton.runtime import driver
 
     from kernels import registry
+    from kernels import triton_launch as TL
     from kernels.norms import triton as kt
+    from kernels.triton_helpers import _np2
+    from kernels.w8a8_linear import triton as kw
 
     x = torch.randn(1, 2048, device="cuda").bfloat16()
     w = torch.randn(2048, device="cuda").bfloat16()
@@ -53,6 +60,25 @@ def main() -> int:
     def raw():
         compiled.run(1, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *full)
 
+    M, K, N = 1, 2048, 2048  # the decode GEMV: autotuned (key N, KD, MB), a `lambda meta:` grid
+    xq = torch.randn(M, K, device="cuda").bfloat16()
+    words = torch.randint(-128, 128, (N, K), dtype=torch.int8, device="cuda").view(torch.int32)
+    ws = torch.rand(N, device="cuda") / 64 + 1e-3
+    outq = torch.empty(M, N, dtype=xq.dtype, device="cuda")
+    wargs = (xq, words, ws, ws, outq, N, xq.stride(0), words.stride(0), outq.stride(0), _np2(M))
+    wmeta = dict(KD=K, HAS_BIAS=False)
+
+    def wgrid(meta):
+        return (M, triton.cdiv(N, meta["BN"]))
+    wcompiled = kw._w8a8_rows_kernel[wgrid](*wargs, **wmeta)  # tunes once
+    cfg = kw._w8a8_rows_kernel.best_config
+    wfull = wargs + (K, False, cfg.kwargs["BN"], cfg.kwargs["BK"])
+    wg = wgrid(cfg.kwargs)
+
+    def wraw():
+        wcompiled.run(wg[0], wg[1], 1, stream, wcompiled.function, wcompiled.packed_metadata, None, None, None,
+                      *wfull)
+
     rows = []
     with registry.using(rms_norm="triton"), torch.inference_mode():
         rows.append(("torch.ops.repro.rms_norm", per_call(lambda: torch.ops.repro.rms_norm(x, w, 1e-6), a.n)))
@@ -62,25 +88,28 @@ def main() -> int:
                      per_call(lambda: kt.rms_norm(x, w, 1e-6), a.n)))
         rows.append(("kernel[grid](...)",
                      per_call(lambda: kt._rms_norm_kernel[(1,)](*args, BH=2048, num_warps=4), a.n)))
+        rows.append(("triton_launch.launch (cached)",
+                     per_call(lambda: TL.launch(kt._rms_norm_kernel, (1,), *args, BH=2048, num_warps=4), a.n)))
         try:
             rows.append(("CompiledKernel.run (the C launcher)", per_call(raw, a.n)))
         except Exception as e:  # the launcher's signature is Triton's internal API
             print(f"CompiledKernel.run: {type(e).__name__}: {e}")
-        from kernels.w8a8_linear import triton as kw
-        wq = torch.randint(-127, 127, (8192, 2048), dtype=torch.int8, device="cuda")
-        wsc = torch.rand(8192, device="cuda")
-        rows.append(("w8a8 provider, autotuned, M=1 2048->8192",
-                     per_call(lambda: kw.w8a8_linear(x, wq, wsc, None), a.n)))
-        words = wq.view(torch.int32)
-        o = torch.empty(1, 8192, dtype=x.dtype, device="cuda")
-        rows.append(("  its Autotuner kernel[grid](...)", per_call(
-            lambda: kw._w8a8_rows_kernel[lambda meta: (1, triton.cdiv(8192, meta["BN"]))](
-                x, words, wsc, wsc, o, 8192, x.stride(0), words.stride(0), o.stride(0), 1, KD=2048,
-                HAS_BIAS=False), a.n)))
+        rows.append(("w8a8 provider function (autotuned rows GEMV)",
+                     per_call(lambda: kw.w8a8_linear(xq, words.view(torch.int8), ws, None), a.n)))
+        rows.append(("w8a8 rows: kernel[grid](...) (autotuned)",
+                     per_call(lambda: kw._w8a8_rows_kernel[wgrid](*wargs, **wmeta), a.n)))
+        rows.append(("w8a8 rows: triton_launch.launch (cached)",
+                     per_call(lambda: TL.launch(kw._w8a8_rows_kernel, wgrid, *wargs, **wmeta), a.n)))
+        try:
+            rows.append(("w8a8 rows: CompiledKernel.run", per_call(wraw, a.n)))
+        except Exception as e:
+            print(f"w8a8 rows CompiledKernel.run: {type(e).__name__}: {e}")
         rows.append(("torch.empty_like", per_call(lambda: torch.empty_like(x), a.n)))
         rows.append(("x.add(x) (one aten kernel)", per_call(lambda: x.add(x), a.n)))
     for name, us in rows:
         print(f"{name:45} {us:7.1f} us of host per call")
+    print(f"launch cache: {TL.stats} (verified for this triton: {TL.VERIFIED}; "
+          f"{TL.ENV}={os.environ.get(TL.ENV, 'unset')})")
     return 0
 
 
