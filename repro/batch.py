@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .islands.gdn import GDNMeta
@@ -64,26 +65,26 @@ class StepBatch:
         if self._host is None:
             if pin is None:
                 pin = torch.cuda.is_available()
-            qsl = [0]
-            for q in self.query_lens:
-                qsl.append(qsl[-1] + q)
-            fields = {"ids": torch.tensor(self.token_ids, dtype=torch.long),
-                      "token_slots": torch.tensor(self.token_slots(), dtype=torch.int32),
-                      "qsl": torch.tensor(qsl, dtype=torch.int32),
-                      "slots": torch.tensor(self.slots, dtype=torch.int32),
-                      "init": torch.tensor(self.has_initial_state, dtype=torch.bool)}
-            # One byte buffer holding every field at an 8-byte aligned offset: one pinned
-            # allocation and one copy per consumer instead of five (issue 19: host time per step).
-            layout, parts, at = {}, [], 0
-            for k, t in fields.items():
-                n = t.numel() * t.element_size()
-                layout[k] = (at, n, t.dtype)
-                pad = -n % 8
-                parts += [t.view(torch.uint8), torch.zeros(pad, dtype=torch.uint8)]
-                at += n + pad
-            buf = torch.cat(parts)
-            self._host = {"buf": buf.pin_memory() if pin else buf, "layout": layout,
-                          "ids": fields["ids"].pin_memory() if pin else fields["ids"]}
+            # One byte buffer holding every field at an 8-byte aligned offset: one (pinned)
+            # allocation and one copy per consumer instead of five, filled through numpy views
+            # (issue 19: host time per step; five `torch.tensor` calls and a `cat` cost ~4x more).
+            q = np.asarray(self.query_lens, dtype=np.int64)
+            fields = (("ids", torch.long, np.asarray(self.token_ids, dtype=np.int64)),
+                      ("token_slots", torch.int32, np.repeat(np.asarray(self.slots, dtype=np.int32), q)),
+                      ("qsl", torch.int32, np.concatenate(([0], np.cumsum(q))).astype(np.int32)),
+                      ("slots", torch.int32, np.asarray(self.slots, dtype=np.int32)),
+                      ("init", torch.bool, np.asarray(self.has_initial_state, dtype=np.bool_)))
+            layout, at = {}, 0
+            for k, dt, a in fields:
+                layout[k] = (at, a.nbytes, dt)
+                at += a.nbytes + (-a.nbytes % 8)
+            buf = torch.zeros(at, dtype=torch.uint8, pin_memory=pin)
+            view = buf.numpy()
+            for k, _, a in fields:
+                o, n, _ = layout[k]
+                view[o:o + n] = a.view(np.uint8)
+            o, n, _ = layout["ids"]
+            self._host = {"buf": buf, "layout": layout, "ids": buf[o:o + n].view(torch.long)}
         return self
 
     def release(self) -> None:
