@@ -158,7 +158,15 @@ def _words(w: torch.Tensor) -> torch.Tensor | None:
 
 
 def _np2(n: int) -> int:
-    return triton.next_power_of_2(max(1, int(n)))
+    """`triton.next_power_of_2(max(1, n))` in plain Python: Triton 3.6's is a constexpr function
+    whose host call costs ~4 us (~40 calls a checked step; issue 19). Equal for every n >= 0
+    (tests/test_triton_launch.py checks it against Triton's where Triton imports)."""
+    return 1 << (max(1, int(n)) - 1).bit_length()
+
+
+def _cdiv(a: int, b: int) -> int:
+    """`triton.cdiv(a, b)` (ceiling division) in plain Python, for the same reason as `_np2`."""
+    return -(-a // b)
 
 
 def _quick_bench(kernel_call, quantiles):

@@ -133,6 +133,16 @@ def test_the_spec_model_is_triton_36s():
         assert native_specialize_impl(BaseBackend, a, False, True, True) == _spec36(a), a
 
 
+@pytest.mark.skipif(not TRITON36, reason="needs triton 3.6 importable (CPU is enough)")
+def test_the_host_helpers_equal_tritons():
+    """`_np2` / `_cdiv` are Triton's `next_power_of_2` / `cdiv` without their ~4 us host call."""
+    import triton
+
+    from kernels.triton_helpers import _cdiv, _np2
+    assert all(_np2(n) == triton.next_power_of_2(max(1, n)) for n in range(0, 1 << 17))
+    assert all(_cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 3000) for b in (1, 2, 3, 4, 7, 16, 32, 128, 1024))
+
+
 def test_import_kernels_without_the_fast_path_module(monkeypatch):
     """`import kernels` does not import `kernels.triton_launch` (nor triton); the provider says
     what it says today."""

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_helpers import (_add, _last_claimant, _mul, _np2, _silu, _slot)
+from kernels.triton_helpers import (_add, _cdiv, _last_claimant, _mul, _np2, _silu, _slot)
 from kernels.triton_launch import launch
 
 
@@ -74,7 +74,7 @@ def causal_conv1d_update(x, weight, conv_state, state_indices, sentinel):
     w = w.contiguous()
     idx = state_indices.contiguous()
     BC = 256
-    launch(_conv_update_kernel, (triton.cdiv(C, BC),), x, w, conv_state, idx, y, B, C, conv_state.shape[0],
+    launch(_conv_update_kernel, (_cdiv(C, BC),), x, w, conv_state, idx, y, B, C, conv_state.shape[0],
            int(sentinel), x.stride(0), w.stride(0), conv_state.stride(0), conv_state.stride(1), y.stride(0), BC=BC,
            BB=_np2(B), num_warps=4)
     return y
@@ -122,7 +122,7 @@ def causal_conv1d_fn(x, weight, conv_state, query_start_loc, state_indices, has_
     x = x if x.stride(1) == 1 else x.contiguous()
     w = w.contiguous()
     BC = 256
-    launch(_conv_fn_kernel, (triton.cdiv(C, BC),), x, w, conv_state, query_start_loc.contiguous(),
+    launch(_conv_fn_kernel, (_cdiv(C, BC),), x, w, conv_state, query_start_loc.contiguous(),
            state_indices.contiguous(), has_initial_state.contiguous(), y, B, C, conv_state.shape[0], int(sentinel),
            x.stride(0), w.stride(0), conv_state.stride(0), conv_state.stride(1), y.stride(0), BC=BC, BB=_np2(B),
            num_warps=4)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_helpers import (_add, _div, _exp, _last_claimant, _log1p, _mul, _np2, _slot)
+from kernels.triton_helpers import (_add, _cdiv, _div, _exp, _last_claimant, _log1p, _mul, _np2, _slot)
 from kernels.triton_launch import launch
 
 
@@ -41,7 +41,7 @@ def gdn_gating(A_log, a, dt_bias, b):
     a = a if a.stride(1) == 1 else a.contiguous()
     b = b if b.stride(1) == 1 else b.contiguous()
     BLOCK = 256
-    launch(_gating_kernel, (triton.cdiv(T * Hv, BLOCK),), A_log.contiguous(), a, dt_bias.contiguous(), b, g, beta,
+    launch(_gating_kernel, (_cdiv(T * Hv, BLOCK),), A_log.contiguous(), a, dt_bias.contiguous(), b, g, beta,
            T * Hv, Hv, a.stride(0), b.stride(0), BLOCK=BLOCK, num_warps=4)
     return g, beta
 
@@ -98,7 +98,7 @@ def gated_delta_rule_decode(q, k, v, g, beta, ssm_state, state_indices, sentinel
     g, beta = g.float().contiguous(), beta.float().contiguous()
     idx = state_indices.contiguous()
     BV = min(32, _np2(dv))
-    grid = (Hv, triton.cdiv(dv, BV))
+    grid = (Hv, _cdiv(dv, BV))
     launch(_gdn_decode_kernel, grid, q, k, v, g, beta, ssm_state, idx, o, B, ssm_state.shape[0], int(sentinel),
            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
            o.stride(0), o.stride(1), ssm_state.stride(0), ssm_state.stride(1), dk ** -0.5, GROUP=Hv // Hk, DK=dk,
@@ -149,7 +149,7 @@ def gated_delta_rule_prefill(q, k, v, g, beta, ssm_state, query_start_loc, state
     o = torch.zeros(T, Hv, dv, dtype=v.dtype, device=v.device)  # tokens outside every request, sentinel ones
     g, beta = g.float().contiguous(), beta.float().contiguous()
     BV = min(32, _np2(dv))
-    grid = (Hv, triton.cdiv(dv, BV))
+    grid = (Hv, _cdiv(dv, BV))
     launch(_gdn_prefill_kernel, grid, q, k, v, g, beta, ssm_state, query_start_loc.contiguous(),
            state_indices.contiguous(), has_initial_state.contiguous(), o, B, ssm_state.shape[0], int(sentinel),
            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels.moe.vectorized import moe_vectorized
-from kernels.triton_helpers import (_act_scale, _add, _configs, _div, _dp4a, _dp4a_acc, _exp, _mul, _np2,
+from kernels.triton_helpers import (_act_scale, _add, _cdiv, _configs, _div, _dp4a, _dp4a_acc, _exp, _mul, _np2,
                                     _pack4, _quantize, _quick_bench, _row_scale, _row_words, _silu, _words)
 from kernels.triton_launch import launch
 
@@ -65,7 +65,7 @@ def fixed_order_linear(x, w):
     if T and N:
         w = w.contiguous()
         BH = _np2(H)
-        launch(_logits_kernel, lambda meta: (T, triton.cdiv(N, meta["BE"])),
+        launch(_logits_kernel, lambda meta: (T, _cdiv(N, meta["BE"])),
             x, w, out, N, H, x.stride(0), w.stride(0), out.stride(0), BH=BH, LH=BH.bit_length() - 1)
     return out
 
@@ -251,10 +251,10 @@ def moe(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
     P = T * top_k
     act = torch.empty(P, I, dtype=x.dtype, device=x.device)
     acts = torch.empty(T, Is, dtype=x.dtype, device=x.device)
-    launch(_moe_up_kernel, lambda meta: (P + T, triton.cdiv(max(I, Is), meta["BN"])),
+    launch(_moe_up_kernel, lambda meta: (P + T, _cdiv(max(I, Is), meta["BN"])),
         x, ids, w13, w13s, act, sw13, sw13s, acts, I, Is, top_k, P, x.stride(0), w13.stride(0), w13.stride(1),
         w13s.stride(0), act.stride(0), sw13.stride(0), acts.stride(0), _np2(min(P + T, 256)), H=H)
-    launch(_moe_down_kernel, lambda meta: (T, triton.cdiv(H, meta["BN"])),
+    launch(_moe_down_kernel, lambda meta: (T, _cdiv(H, meta["BN"])),
         act, acts, ids, weights, w2, w2s, sw2, sw2s, gate_logit, out, H, I, Is, act.stride(0),
         acts.stride(0), w2.stride(0), w2.stride(1), w2s.stride(0), sw2.stride(0), gate_logit.stride(0),
         out.stride(0), _np2(min(T, 64)), TOPK=top_k, BKK=_np2(top_k), BI=max(4, _np2(I)), BIS=max(4, _np2(Is)))

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_helpers import (_act_scale, _add, _configs, _dp4a_acc, _mul, _np2, _quantize,
+from kernels.triton_helpers import (_act_scale, _add, _cdiv, _configs, _dp4a_acc, _mul, _np2, _quantize,
                                     _quick_bench, _row_scale, _row_words, _words)
 from kernels.triton_launch import launch
 
@@ -101,12 +101,12 @@ def w8a8_linear(x, w, w_scale, bias):
     b = bias if bias is not None else ws
     words = _words(w)
     if M <= ROWS_MAX_M and words is not None:
-        launch(_w8a8_rows_kernel, lambda meta: (M, triton.cdiv(N, meta["BN"])),
+        launch(_w8a8_rows_kernel, lambda meta: (M, _cdiv(N, meta["BN"])),
             x, words, ws, b, out, N, x.stride(0), words.stride(0), out.stride(0), _np2(M), KD=K,
             HAS_BIAS=bias is not None)
         return out
     BM = 16
-    grid = lambda meta: (triton.cdiv(N, meta["BN"]), triton.cdiv(M, BM))  # noqa: E731
+    grid = lambda meta: (_cdiv(N, meta["BN"]), _cdiv(M, BM))  # noqa: E731
     launch(_w8a8_kernel, grid, x, w, ws, b, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), _np2(min(M, 64)),
            HAS_BIAS=bias is not None, BM=BM)
     return out
