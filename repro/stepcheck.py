@@ -2,7 +2,8 @@
 
 Issue 19.1 / 16.2 / 16.3. Each step, on the device and without a host synchronisation:
 
-- every compared output: one flag, "some element's bit pattern differs" (`bits`);
+- every compared output: one flag, "some element's bit pattern differs" (`bits`); on a CUDA
+  device with Triton all of them in one kernel (`outflags.py`: the same test, word by word);
 - every state tensor (conv, ssm), whole: one flag per slot, the null block and freed slots
   included;
 - every weight tensor: an int64 digest (`digest_words`).
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import outflags
 from .compare import ordered
 from .graphs.refusals import collection_paused
 
@@ -136,7 +138,11 @@ def _addresses(tensors) -> tuple:
 class StepCheck:
     """One lockstep's device-side check: `launch` enqueues it, `read` synchronises once."""
 
-    def __init__(self, weights: dict[str, torch.Tensor] | None = None, weight_every: int = 1):
+    def __init__(self, weights: dict[str, torch.Tensor] | None = None, weight_every: int = 1,
+                 outflags: bool | None = None):
+        self.outflags = outflags  # one kernel for the output flags (`outflags.py`): None = on CUDA with Triton
+        self._outflags: dict = {}  # device -> OutputFlags or None
+        self._unread = False  # a launch whose pinned table may still be in flight
         self.weights = unique_weights(weights or {})
         self.weight_every = max(1, weight_every)
         self.base: list[int] | None = None  # the weights' digests when the run began
@@ -163,15 +169,26 @@ class StepCheck:
         order = ordered(out_a)
         known = []  # output keys whose shape or dtype differ: known on the host
         flags = []
+        fast = self._fast(out_a[order[0]].device) if order and not self._unread else None
+        group = []  # keys flagged by the one kernel
         for key in order:
             a, b = out_a[key], out_b[key]
             if a.shape != b.shape or a.dtype != b.dtype:
                 known.append(key)
-            elif a.numel():
+            elif not a.numel():
+                continue
+            elif fast is not None and len(group) < outflags.MAX and a.device == fast.device and \
+                    outflags.eligible(a, b):
+                group.append(key)
+            else:
                 flags.append(differs(a, b))
                 layout.append(("out", key))
         if flags:
             parts.append(torch.stack(flags))
+        if group:
+            parts.append(fast([(out_a[k], out_b[k]) for k in group]))
+            layout.append(("outs", group))
+            self._unread = True
         if state_a:
             parts.append(self._slots(state_a, state_b))
         for name, a in state_a.items():
@@ -187,10 +204,18 @@ class StepCheck:
         vec = torch.cat([p.reshape(-1).to(torch.int64) for p in parts]) if parts else None
         return vec, layout, known, order
 
+    def _fast(self, device: torch.device):
+        """The one-kernel output flags for `device`, or None (per-tensor flags)."""
+        if device not in self._outflags:
+            on = outflags.wanted(device) if self.outflags is None else self.outflags
+            self._outflags[device] = outflags.OutputFlags(device) if on else None
+        return self._outflags[device]
+
     def read(self, pending) -> Verdict:
         """The step's one host synchronisation: copy the vector, decode it."""
         vec, layout, known, order = pending
         v = vec.tolist() if vec is not None else []
+        self._unread = False
         out = Verdict(outputs=list(known))
         i = 0
         flagged = set(known)
@@ -199,6 +224,10 @@ class StepCheck:
                 if v[i]:
                     flagged.add(item[1])
                 i += 1
+            elif item[0] == "outs":
+                c = outflags.C
+                flagged.update(k for j, k in enumerate(item[1]) if any(v[i + j * c:i + (j + 1) * c]))
+                i += len(item[1]) * c
             elif item[0] == "state":
                 n = item[2]
                 out.slots[item[1]] = [s for s in range(n) if v[i + s]]

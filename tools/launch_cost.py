@@ -3,7 +3,8 @@
 same body behind a plain `torch.library.Library` op of this tool's own, the provider function (which
 launches through `kernels.triton_launch.launch`), Triton's `kernel[grid](...)`, the launch cache's
 `launch(...)` (a cache hit), and the compiled kernel's own launcher; then the same three for the
-autotuned W8A8 decode GEMV (`_w8a8_rows_kernel`, one row). A GPU figure for issue 19 (where an
+autotuned W8A8 decode GEMV (`_w8a8_rows_kernel`, one row); then a step's output flags, per tensor and in
+one kernel (`repro/outflags.py`), with the read that synchronises. A GPU figure for issue 19 (where an
 eager step's host time goes); not a test. The last line gives the launch cache's hit count: 0
 there means the `launch` rows measured the normal path (a fallback).
 
@@ -104,6 +105,14 @@ def main() -> int:
             rows.append(("w8a8 rows: CompiledKernel.run", per_call(wraw, a.n)))
         except Exception as e:
             print(f"w8a8 rows CompiledKernel.run: {type(e).__name__}: {e}")
+        from repro.stepcheck import StepCheck
+        outs = {f"submod{i % 2}.o{i}": torch.randn(1, 2048, device="cuda").to(torch.bfloat16) for i in range(9)}
+        outs["head.token_ids"] = torch.zeros(1, dtype=torch.int64, device="cuda")
+        same = {k: v.clone() for k, v in outs.items()}
+        for name, on in (("per-tensor", False), ("one kernel (outflags)", True)):
+            check = StepCheck(outflags=on)
+            rows.append((f"output flags, 10 outputs, {name}, launch + read",
+                         per_call(lambda: check.read(check.launch(outs, same, {}, {})), a.n)))
         rows.append(("torch.empty_like", per_call(lambda: torch.empty_like(x), a.n)))
         rows.append(("x.add(x) (one aten kernel)", per_call(lambda: x.add(x), a.n)))
     for name, us in rows:
