@@ -12,8 +12,9 @@ corruption, batch variance, nondeterminism) on a third copy, the probe, re-run f
 copy's state before the step. A graph hazard or corruption stops the run and is reported with its
 step, island, tensor, row (request and slot), |d| or the copy holding a one-sided non-finite value,
 plus digests of what went in at that step and the step before. A weight whose digest changed is
-corruption naming the tensor (issue 16.2: both copies read the same weights, so comparing them
-cannot see it). Batch variance and nondeterminism are kernel findings: counted, the first of each
+corruption naming the tensor and the step that wrote it (issue 16.2: both copies read the same
+weights, so comparing them cannot see it); the digest runs at the start of the next step, where
+the device would otherwise idle, so that step reports it (`finish` reads the last step's). Batch variance and nondeterminism are kernel findings: counted, the first of each
 kept, the eager copy's state resynced to the replay's, and the run goes on (in strict mode they
 fail the case, but the run still goes on, so a planted hazard is still found).
 
@@ -33,7 +34,7 @@ import torch
 from .batch import StepBatch
 from .capture import DEFAULT_SIZES
 from .compare import (CORRUPTION, KERNEL_FINDINGS, ROUTING_TIE, UNOWNED, WEIGHTS, Divergence,  # noqa: F401
-                      compare_outputs, compare_slots, compare_step, digest, first_row, max_abs, row_owner)
+                      compare_outputs, compare_slots, compare_step, digest, max_abs, row_owner)
 from .islands.layer import LayerCopy  # noqa: F401
 from .options import Options
 from .oracle import ChainProbe, IslandProbe, routing_inputs
@@ -226,8 +227,10 @@ class Lockstep:
         self.prev: StepBatch | None = None
         self.phases = Phases(provider.device)
         self.device = provider.device
-        # the eager copy's state before the step, for the oracle: persistent, refilled each step
+        # the eager copy's state before the step, for the oracle: persistent, refilled each step;
+        # the previous step's too (swapped each step), for a weight write seen a step late (`begin`)
         self.pre = {k: v.clone() for k, v in self.eager_copy.cache.tensors().items()}
+        self._pre_prev = {k: v.clone() for k, v in self.pre.items()} if check == "device" else None
         weights = {**copy_weights(self.eager_copy), **copy_weights(self.replay_copy)} if check == "device" else {}
         self.stepcheck = StepCheck(weights, weight_every)
         self._weights_checked_at: int | None = None
@@ -245,6 +248,10 @@ class Lockstep:
         ph = self.phases
         ph.start()
         captures = self.graph.captures
+        if self.check == "device":
+            digested = self.stepcheck.begin()  # the weights as the previous step left them
+            ph.mark("weights")
+            self.pre, self._pre_prev = self._pre_prev, self.pre
         t = time.perf_counter()
         batch.prepare()
         ph.host("prepare", t)
@@ -265,17 +272,14 @@ class Lockstep:
             verdict = self.stepcheck.read(pending)  # the step's one synchronisation
             ph.host("read", t)
             div = None
-            if verdict.weights:
-                div = weight_divergence(batch.step, verdict.weights, self.stepcheck.weights,
-                                        self._weights_checked_at)
-                div.context = {"this_step": _step_context(batch, self.graph)}
-                if self.reference is not None:  # which op wrote it (issue 16.2)
-                    div.reason += name_weight_writer(self.reference, self.stepcheck.weights, verdict.weights,
-                                                     lambda: self.probe.exact(batch, self.pre))
-            elif not verdict.clean:
-                div = locate(batch, verdict, e, r, se, sr)
-            if self.stepcheck.weights and (self.stepcheck.calls - 1) % self.stepcheck.weight_every == 0:
-                self._weights_checked_at = batch.step
+            if verdict.weights:  # written by the previous step (or before the first)
+                div = self._weights_changed(verdict.weights, self.prev, self._pre_prev, before=batch)
+            elif not verdict.clean:  # a weight written in this step comes first (outputs follow from it)
+                changed = self.stepcheck.changed_now()
+                div = self._weights_changed(changed, batch, self.pre) if changed else \
+                    locate(batch, verdict, e, r, se, sr)
+            if digested and self.prev is not None:
+                self._weights_checked_at = self.prev.step
         else:
             self.provider.synchronize()
             ph.mark("replay")
@@ -307,12 +311,47 @@ class Lockstep:
         if self.reference is not None and self.reference.due(self.steps - 1) \
                 and (div is None or div.island != WEIGHTS):
             t = time.perf_counter()
-            div = self._against_reference(batch, div, e, r)
+            # a weight written in this step comes first: the third copy would see both copies depart
+            changed = self.stepcheck.changed_now() if self.check == "device" else []
+            div = self._weights_changed(changed, batch, self.pre) if changed else \
+                self._against_reference(batch, div, e, r)
             ph.host("reference", t)
         ph.stop(steady=self.graph.captures == captures)
         self.prev = batch
         batch.release()
         return div
+
+    def _weights_changed(self, changed: list, batch: StepBatch | None, pre: dict, before=None) -> Divergence:
+        """The weight divergence of a change the digests saw after `batch` (run from `pre`); `batch`
+        None: before the first step (`before`), when no step of ours had run."""
+        if batch is None:
+            div = weight_divergence(before.step, changed, self.stepcheck.weights)
+            div.reason = div.reason.replace(f"at step {before.step}", f"before step {before.step}, the first")
+            return div
+        div = weight_divergence(batch.step, changed, self.stepcheck.weights, self._weights_checked_at)
+        div.context = {"this_step": _step_context(batch, None)}
+        if self.reference is not None:  # which op wrote it (issue 16.2)
+            div.reason += name_weight_writer(self.reference, self.stepcheck.weights, changed,
+                                             lambda: self.probe.exact(batch, pre))
+        return div
+
+    def finish(self) -> Divergence | None:
+        """After the last step: the weight digests of what it left (`StepCheck.begin` reads each
+        step's at the next step). None when nothing changed, or nothing ran."""
+        if self.check != "device" or self.prev is None:
+            return None
+        changed = self.stepcheck.changed_now()
+        return self._weights_changed(changed, self.prev, self.pre) if changed else None
+
+    def run(self, batches: list[StepBatch], progress=None) -> Divergence | None:
+        """Every batch in turn, to the first divergence; then `finish`."""
+        for i, batch in enumerate(batches):
+            div = self.step(batch, batches[i + 1] if i + 1 < len(batches) else None)
+            if progress:
+                progress(i + 1, len(batches))
+            if div is not None:
+                return div
+        return self.finish()
 
     def _against_reference(self, batch, div: Divergence | None, e: dict, r: dict) -> Divergence | None:
         """The step on the independent copy (`reference_copy`): says which copy departed from a
@@ -360,14 +399,7 @@ def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise"
     ls = Lockstep(make_copy, provider, mode, opts, sizes,
                   max(max_tokens, max((b.num_tokens for b in batches), default=1)), trace, check, weight_every,
                   reference)
-    div = None
-    for i, batch in enumerate(batches):
-        div = ls.step(batch, batches[i + 1] if i + 1 < len(batches) else None)
-        if progress:
-            progress(i + 1, len(batches))
-        if div is not None:
-            break
-    return ls.result(div)
+    return ls.result(ls.run(batches, progress))
 
 
 def run_moe_lockstep(model, provider, batches, sizes=None, progress=None, check: str = "device") -> LockstepResult:
@@ -390,9 +422,13 @@ def run_moe_lockstep(model, provider, batches, sizes=None, progress=None, check:
         return LockstepResult(n, div, [], ph.us["eager"] / m, ph.us["replay"] / m, runner.replays,
                               runner.captures, kernel, ph.to_json())
 
+    prev = None
     for i, batch in enumerate(batches):
         ph.start()
         captures = runner.captures
+        if check == "device":
+            sc.begin()  # the weights as the previous step left them
+            ph.mark("weights")
         t = time.perf_counter()
         batch.prepare()
         ph.host("prepare", t)
@@ -411,9 +447,13 @@ def run_moe_lockstep(model, provider, batches, sizes=None, progress=None, check:
             t = time.perf_counter()
             verdict = sc.read(pending)
             ph.host("read", t)
-            if verdict.weights:
+            if verdict.weights:  # written by the previous step (`StepCheck.begin`)
                 ph.stop(runner.captures == captures)
-                return result(weight_divergence(batch.step, verdict.weights, sc.weights))
+                return result(weight_divergence((prev or batch).step, verdict.weights, sc.weights))
+            changed = sc.changed_now() if verdict.outputs else []  # a weight written in this step comes first
+            if changed:
+                ph.stop(runner.captures == captures)
+                return result(weight_divergence(batch.step, changed, sc.weights))
             div = compare_outputs(batch, {k: e[k] for k in verdict.outputs}, {k: r[k] for k in verdict.outputs}) \
                 if verdict.outputs else None
         else:
@@ -435,6 +475,8 @@ def run_moe_lockstep(model, provider, batches, sizes=None, progress=None, check:
                 return result(div)
         ph.stop(runner.captures == captures)
         batch.release()
+        prev = batch
         if progress:
             progress(i + 1, len(batches))
-    return result(None)
+    changed = sc.changed_now() if check == "device" and prev is not None else []
+    return result(weight_divergence(prev.step, changed, sc.weights) if changed else None)

@@ -109,4 +109,8 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
         def replay_equals_eager(self):
             assert self.divergence is None, self.divergence.line()
 
+        def teardown(self):  # the last step's weight digest (`Lockstep.finish`)
+            div = self.ls.finish() if self.divergence is None else None
+            assert div is None, div.line()
+
     return LockstepMachine

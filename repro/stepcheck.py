@@ -22,9 +22,13 @@ does not preserve the words' sum (a swap of two words would not: documented blin
 widest words keep the sum in the words' own type (no widening cast: on an H200 the int64-word
 sum reads 805 MB at the copy bandwidth, the int32-widened one at a sixth of it), and modular
 addition does not depend on the reduction's order, so the digest is the same on every run.
-Weights are read once per step, so on a GPU at real dimensions this is the dominant extra read;
-`weight_every` thins it (a change is then reported at the first checked step after it, with the
-range of steps it happened in).
+Weights are read once per step, so on a GPU at real dimensions this is the dominant extra read
+(~2 GB at real dimensions: both expert stacks, the embedding and the head). It is therefore
+enqueued first (`begin`), before the step's own work, where the device would otherwise idle while
+the host enqueues the eager copy: the digest a step reads is of the weights as the previous step
+left them, so a change is reported one step late, naming the step it happened in; `changed_now`
+reads the weights at once (after the last step, and at a step whose flags are set). `weight_every` thins it further (a change is then reported with the range
+of steps it happened in).
 
 On a CUDA device the reads of tensors that keep their address for the whole run (the state
 caches' slot flags, the weight digests) are each captured once as a CUDA graph and replayed every
@@ -146,9 +150,9 @@ class StepCheck:
         self.weights = unique_weights(weights or {})
         self.weight_every = max(1, weight_every)
         self.base: list[int] | None = None  # the weights' digests when the run began
-        self.base_step = None
         self.calls = 0
         self._frozen = Frozen()
+        self._digest = None  # this step's digest (`begin`), consumed by `launch`
         if self.weights:
             self.base = self._digests().tolist()
 
@@ -162,9 +166,27 @@ class StepCheck:
         return self._frozen(("state", _addresses(t for p in pairs for t in p)),
                             lambda: torch.cat([slots_differ(a, b) for a, b in pairs]), pairs[0][0].device)
 
+    def begin(self) -> bool:
+        """At the start of a step, before its own work: enqueue the digest of the weights as the
+        previous step left them, if this step is on the `weight_every` schedule (returns whether).
+        `launch` adds it to the step's vector; a change it shows happened before this step."""
+        self.calls += 1
+        self._digest = None
+        if self.weights and (self.calls - 1) % self.weight_every == 0:
+            self._digest = self._digests()
+        return self._digest is not None
+
+    def changed_now(self) -> list[str]:
+        """The weights whose digest differs from the run's start, read now (one synchronisation):
+        after the last step, and at a step whose flags are set (was a weight written in it?)."""
+        if not self.weights:
+            return []
+        now = self._digests().tolist()
+        return [k for k, x, y in zip(self.weights, self.base, now) if x != y]
+
     def launch(self, out_a: dict, out_b: dict, state_a: dict, state_b: dict, mark=None):
-        """Enqueue the step's flags (and, on schedule, the weight digests); returns what `read`
-        needs. `mark(name)`: the lockstep's phase clock (compare / weights)."""
+        """Enqueue the step's flags, with the digest `begin` enqueued (if any); returns what `read`
+        needs. `mark(name)`: the lockstep's phase clock (compare)."""
         parts, layout = [], []
         order = ordered(out_a)
         known = []  # output keys whose shape or dtype differ: known on the host
@@ -193,14 +215,12 @@ class StepCheck:
             parts.append(self._slots(state_a, state_b))
         for name, a in state_a.items():
             layout.append(("state", name, a.shape[0]))
+        if self._digest is not None:  # the graph's static buffer: read here, before the next `begin`
+            parts.append(self._digest)
+            layout.append(("weights",))
+            self._digest = None
         if mark:
             mark("compare")
-        self.calls += 1
-        if self.weights and (self.calls - 1) % self.weight_every == 0:
-            parts.append(self._digests())
-            layout.append(("weights",))
-        if mark:
-            mark("weights")
         vec = torch.cat([p.reshape(-1).to(torch.int64) for p in parts]) if parts else None
         return vec, layout, known, order
 

@@ -110,9 +110,12 @@ def test_the_host_path_does_not_see_an_unowned_slot(setup):
     assert ls.step(batches[1]) is None
 
 
-@pytest.mark.parametrize("name, where", [("layer.gdn.dt_bias", lambda w: w.gdn.dt_bias),
-                                         ("layer.gdn.in_proj_z.weight", lambda w: w.gdn.in_proj_z.weight)])
-def test_in_place_weight_change_is_reported_at_that_step_naming_the_tensor(tiny_path, name, where):
+@pytest.mark.parametrize("name, where, at", [("layer.gdn.dt_bias", lambda w: w.gdn.dt_bias, 6),
+                                             ("layer.gdn.in_proj_z.weight", lambda w: w.gdn.in_proj_z.weight, 6),
+                                             ("layer.gdn.dt_bias", lambda w: w.gdn.dt_bias, 11)])
+def test_in_place_weight_change_is_reported_at_that_step_naming_the_tensor(tiny_path, name, where, at):
+    """The digest is read a step late (`StepCheck.begin`), and at the end of the run (`finish`):
+    a write in the last step (11 of 12) is reported too, at its own step."""
     provider = make_provider("cpu")
     model = Model(tiny_path, provider.device)  # its own: the weights are changed
     batches = SEQ.batches()[:12]
@@ -121,13 +124,15 @@ def test_in_place_weight_change_is_reported_at_that_step_naming_the_tensor(tiny_
 
     def planted(batch):  # after both copies ran: the outputs agree, only the weight watch sees it
         out = step(batch)
-        if batch.step == 6:
+        if batch.step == at:
             t = where(model.weights)
             t.view(-1)[0] = t.view(-1)[0] + 1 if t.is_floating_point() else t.view(-1)[0] ^ 1
         return out
     ls.graph.step = planted
-    div = next((d for d in (ls.step(b) for b in batches) if d is not None), None)
-    assert div is not None and (div.step, div.island, div.tensor) == (6, WEIGHTS, name)
+    div = ls.run(batches)
+    assert div is not None and (div.step, div.island, div.tensor) == (at, WEIGHTS, name)
+    assert f"at step {at}" in div.reason
+    assert ls.steps == min(at + 2, len(batches))  # seen at the next step's read, or by `finish`
     assert div.kind == "corruption" and "changed in place" in div.where()
     if "in_proj_z" in name:  # a row view of the stacked matrix: named, the matrix listed too
         assert "layer.gdn.in_proj.weight" in div.reason
@@ -201,17 +206,35 @@ def test_the_frozen_reads_see_a_weight_word_and_a_state_slot_at_the_step(device)
     sa = {"conv_state": torch.zeros(3, 2, 4, device=device), "ssm_state": torch.zeros(4, 8, device=device)}
     sb = {k: v.clone() for k, v in sa.items()}
     out = {"submod0.qkv": torch.ones(2, 3, device=device)}
-    assert check.read(check.launch(out, out, sa, sb)).clean
+
+    def step(b=sb):  # the lockstep's order: the digest first, then the step's flags
+        assert check.begin()
+        return check.read(check.launch(out, out, sa, b))
+
+    assert step().clean
     w[5] += 1
-    assert check.read(check.launch(out, out, sa, sb)).weights == ["layer.w"]
+    assert step().weights == ["layer.w"] and check.changed_now() == ["layer.w"]
     w[5] -= 1
     sb["ssm_state"][2, 7] = 1.0
-    v = check.read(check.launch(out, out, sa, sb))
+    v = step()
     assert v.slots == {"conv_state": [], "ssm_state": [2]} and not v.weights
     moved = {k: v.clone() for k, v in sa.items()}
-    assert check.read(check.launch(out, out, sa, moved)).clean
+    assert step(moved).clean
     moved["conv_state"][1, 1, 3] = -1.0
-    assert check.read(check.launch(out, out, sa, moved)).slots["conv_state"] == [1]
+    assert step(moved).slots["conv_state"] == [1]
+    w[0] ^= 1  # after the last step: only `finish` can see it
+    assert check.changed_now() == ["layer.w"]
+
+
+def test_weight_every_thins_the_digest_and_the_flags_still_run_every_step():
+    w = torch.arange(16, dtype=torch.int8)
+    check = StepCheck({"layer.w": w}, weight_every=3)
+    out = {"submod0.qkv": torch.ones(2)}
+    assert [check.begin() for _ in range(7)] == [True, False, False, True, False, False, True]
+    w[1] += 1
+    assert not check.begin() and check.read(check.launch(out, out, {}, {})).weights == []
+    assert not check.begin()
+    assert check.begin() and check.read(check.launch(out, out, {}, {})).weights == ["layer.w"]
 
 
 def test_a_clean_step_reads_the_device_once(setup, monkeypatch):
@@ -250,3 +273,26 @@ def test_prepared_inputs_are_each_consumers_own(setup):
     assert d.ids.untyped_storage().data_ptr() == d.meta.state_indices.untyped_storage().data_ptr()
     b.release()
     assert b._host is None and b.ids("cpu").tolist() == b.token_ids  # rebuilt on demand
+
+
+@pytest.mark.parametrize("at", [3, 7])
+def test_the_moe_lockstep_reports_a_weight_write_at_its_step_the_last_one_too(tiny_path, monkeypatch, at):
+    """`run_moe_lockstep` reads each step's digest at the next step and the last one at the end."""
+    from repro.lockstep import run_moe_lockstep
+    from repro.runner import PieceRunner
+    provider = make_provider("cpu")
+    model = Model(tiny_path, provider.device)  # its own: a weight is changed
+    batches = SEQ.batches()[:8]
+    step, calls = PieceRunner.step, []
+
+    def planted(self, ids):  # one call a step, after the eager island: only the digest sees it
+        out = step(self, ids)
+        calls.append(1)
+        if len(calls) == at + 1:
+            model.weights.moe.gate.view(-1)[0] += 1
+        return out
+    monkeypatch.setattr(PieceRunner, "step", planted)
+    res = run_moe_lockstep(model, provider, batches)
+    d = res.divergence
+    assert d is not None and (d.step, d.island, d.tensor) == (at, WEIGHTS, "layer.moe.gate"), d
+    assert res.steps == min(at + 2, len(batches))
