@@ -146,14 +146,21 @@ def test_fixed_order_linear_is_the_pairwise_sum_of_exact_products():
 
 
 @settings(max_examples=30, deadline=None)
-@given(T=st.integers(1, 12), E=st.integers(2, 12), top_k=st.integers(1, 4), quantized=st.booleans(),
-       ties=st.booleans(), seed=st.integers(0, 999))
-def test_routed_reference_is_the_reference_bit_for_bit(T, E, top_k, quantized, ties, seed):
-    """The third copy's MoE (`reference_routed`: only the experts in use, on their rows) gives the
-    dense reference's bits, W8A8 and bf16 experts, router ties included."""
+@given(T=st.integers(1, 24), E=st.integers(2, 12), top_k=st.integers(1, 4), quantized=st.booleans(),
+       ties=st.booleans(), seed=st.integers(0, 999), H=st.sampled_from([16, 1100]),
+       group_bytes=st.sampled_from([None, 1]))
+def test_routed_reference_is_the_reference_bit_for_bit(T, E, top_k, quantized, ties, seed, H, group_bytes,
+                                                       monkeypatch):
+    """The third copy's MoE (`reference_routed`: only the experts in use, grouped into batched
+    products) gives the dense reference's bits, W8A8 and bf16 experts, router ties included; with
+    H=1100 the exact product runs in two K-blocks, and `group_bytes=1` puts one expert in each
+    batched product."""
+    from kernels.moe import reference
     from kernels.moe.reference import moe_reference, moe_reference_routed, routed_on_host
+    if group_bytes is not None:
+        monkeypatch.setattr(reference, "GROUP_BYTES", group_bytes)
     top_k = min(top_k, E)
-    args = list(moe_args(torch.Generator().manual_seed(seed), T=T, H=16, E=E, I=8, Is=8, top_k=top_k,
+    args = list(moe_args(torch.Generator().manual_seed(seed), T=T, H=H, E=E, I=8, Is=8, top_k=top_k,
                          quantized=quantized))
     if ties:
         router = args[1].clone()

@@ -51,6 +51,9 @@ def test_reference_accumulator_is_exact_beyond_fp32():
     assert expect[0, 0].item() == K << 14
     assert torch.equal(int8_matmul_exact(a, b), expect)
     assert torch.equal(int8_matmul_int_mm(a, b), expect)
+    # batched ([G, M, K] x [G, N, K], as the third copy's MoE groups its experts): the same integers
+    b2 = torch.stack([b, b.flip(0)])
+    assert torch.equal(int8_matmul_exact(torch.stack([a, a]), b2), torch.stack([expect, expect.flip(1)]))
 
 
 def test_epilogue_order_is_the_documented_one():

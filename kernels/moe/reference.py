@@ -12,7 +12,8 @@ import torch
 from kernels import registry
 from kernels.moe.common import (combine, dense_linear, finish, renormalized, router_probs,
                                 shared_expert, silu_and_mul)
-from kernels.w8a8_linear.reference import int8_matmul_exact
+from kernels.w8a8_linear.quant import dequantize_output, quantize_per_token
+from kernels.w8a8_linear.reference import K_BLOCK, int8_matmul_exact
 
 
 def topk_lowest_index(probs: torch.Tensor, k: int):
@@ -69,38 +70,65 @@ def moe_reference(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_
 def moe_reference_routed(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
                          shared_w2, shared_w2_scale, shared_gate_w, top_k, renormalize):
     """`moe_reference` for the experts the batch routes to only: the same bits at a fraction of
-    the cost when E is large (the third copy at 256 experts: issue 19). Which experts are used is
-    read on the host, so it is for eager use only (the independent third copy,
-    `repro.reference_copy`, never captures)."""
+    the cost when E is large (the third copy at 256 experts: issue 19). W8A8 experts run grouped,
+    a few batched exact products for all of them (`_Groups`). Which experts are used is read on
+    the host, so it is for eager use only (the independent third copy, `repro.reference_copy`,
+    never captures)."""
     T, H = x.shape
     weights, ids = topk_lowest_index(router_probs(x, router_w), top_k)
     weights = renormalized(weights, renormalize)
-    pair_expert = ids.reshape(-1)
+    groups = _Groups(ids.reshape(-1))
     token = torch.arange(T, device=x.device).repeat_interleave(top_k)  # the token of each (token, k) pair
-    used = [(e, (pair_expert == e).nonzero().flatten()) for e in pair_expert.unique().tolist()]
-
-    def scale(s, e):
-        return None if s is None else s[e]
-
-    h = x.new_zeros(T * top_k, w13.shape[1])
-    for e, pairs in used:
-        h[pairs] = _on_rows(x, token[pairs], w13[e], scale(w13_scale, e))
-    act = silu_and_mul(h)
-    y = x.new_zeros(T * top_k, H)
-    for e, pairs in used:
-        y[pairs] = _on_rows(act, pairs, w2[e], scale(w2_scale, e))
+    act = silu_and_mul(groups.linear(x, token, w13, w13_scale))
+    y = groups.linear(act, None, w2, w2_scale)
     routed = combine(weights, y.view(T, top_k, H))
     shared = shared_expert(x, shared_w13, shared_w13_scale, shared_w2, shared_w2_scale, int8_matmul_exact)
     return finish(x, routed, shared, shared_gate_w)
 
 
-def _on_rows(inputs, rows, w, w_scale):
-    """`dense_linear(inputs, w, w_scale)[rows]` with the dense loop's bits: a W8A8 expert runs on
-    those rows alone (per-token quantisation and exact integer products work row by row); a bf16
-    expert over every row, then selected (a library GEMM may round by row count)."""
-    if w_scale is None:
-        return dense_linear(inputs, w, None, int8_matmul_exact)[rows]
-    return dense_linear(inputs[rows], w, w_scale, int8_matmul_exact)
+# The float copy of one K-block of a group's operands (`int8_matmul_exact`) is kept under this:
+# 256 MiB, 64 experts of a 1024-row projection with room for their tokens at real dimensions.
+GROUP_BYTES = 1 << 28
+
+
+class _Groups:
+    """The (token, k) pairs of a batch grouped by expert, each group padded to the largest:
+    `pair_at[g * width + i]` is the i-th pair of the g-th expert used (P, a zero row, past its
+    count), `slot` the inverse. One host read (the experts used and the largest count)."""
+
+    def __init__(self, pair_expert: torch.Tensor):
+        P = pair_expert.numel()
+        self.experts, group, counts = torch.unique(pair_expert, return_inverse=True, return_counts=True)
+        self.width = int(counts.max())
+        order = torch.argsort(group, stable=True)
+        starts = torch.cumsum(counts, 0) - counts
+        by_group = group[order]
+        slot = by_group * self.width + torch.arange(P, device=group.device) - starts[by_group]
+        self.slot = torch.empty_like(slot).index_copy_(0, order, slot)
+        self.pair_at = torch.full((self.experts.numel() * self.width,), P, dtype=slot.dtype, device=slot.device)
+        self.pair_at.index_copy_(0, slot, order)
+        self.pair_expert = pair_expert
+
+    def linear(self, inputs, rows, w, w_scale) -> torch.Tensor:
+        """[P, N]: pair p's row of `inputs` (`rows[p]`, or p) through its expert's `w` (`dense_linear`'s bits)."""
+        if w_scale is None:  # bf16 experts: a library GEMM may round by row count, so every row, then selected
+            out = inputs.new_zeros(self.pair_expert.numel(), w.shape[1])
+            for e in self.experts.tolist():
+                pairs = (self.pair_expert == e).nonzero().flatten()
+                out[pairs] = dense_linear(inputs, w[e], None, int8_matmul_exact)[pairs if rows is None else rows[pairs]]
+            return out
+        x_q, x_scale = quantize_per_token(inputs if rows is None else inputs[rows])  # per row: as per expert
+        x_q = torch.cat([x_q, x_q.new_zeros(1, x_q.shape[1])])
+        x_scale = torch.cat([x_scale, x_scale.new_ones(1)])
+        U, K, N = self.experts.numel(), x_q.shape[1], w.shape[1]
+        x_q, x_scale = x_q[self.pair_at].view(U, self.width, K), x_scale[self.pair_at].view(U, self.width)
+        step = max(1, GROUP_BYTES // (4 * min(K, K_BLOCK) * (N + self.width)))
+        out = []
+        for g in range(0, U, step):
+            e = self.experts[g:g + step]
+            acc = int8_matmul_exact(x_q[g:g + step], w[e])
+            out.append(dequantize_output(acc, x_scale[g:g + step], w_scale[e][:, None, :], None, inputs.dtype))
+        return torch.cat(out).view(U * self.width, N)[self.slot]
 
 
 def _provider(*args):

@@ -19,16 +19,16 @@ MAX_K = 1 << 17
 
 
 def int8_matmul_exact(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a int8 [M, K], b int8 [N, K] -> a @ b.T as int32 [M, N], exactly."""
-    M, K = a.shape
-    N = b.shape[0]
+    """a int8 [..., M, K], b int8 [..., N, K] -> a @ b.T as int32 [..., M, N], exactly (leading
+    dims batch, as `torch.matmul` broadcasts them: the integers do not depend on the grouping)."""
+    K = a.shape[-1]
     if K >= MAX_K:
         raise ValueError(f"K={K} too large for an exact int32 accumulator")
-    acc = torch.zeros(M, N, dtype=torch.int32, device=a.device)
+    acc = None
     for k0 in range(0, K, K_BLOCK):
-        part = a[:, k0:k0 + K_BLOCK].float() @ b[:, k0:k0 + K_BLOCK].float().t()
-        acc += part.to(torch.int32)
-    return acc
+        part = (a[..., k0:k0 + K_BLOCK].float() @ b[..., k0:k0 + K_BLOCK].float().transpose(-1, -2)).to(torch.int32)
+        acc = part if acc is None else acc.add_(part)
+    return acc if acc is not None else (a.float() @ b.float().transpose(-1, -2)).to(torch.int32)  # K == 0
 
 
 def w8a8_linear_reference(x, w, w_scale, bias):
