@@ -262,6 +262,7 @@ class Lockstep:
         ph.mark("eager")
         r = self.graph.step(batch)
         ph.mark("replay")
+        clean = False  # every output and state slot of the two copies seen equal (the device check)
         if self.check == "device":
             pending = self.stepcheck.launch(e, r, se, sr, ph.mark)
             if upcoming is not None:
@@ -271,6 +272,7 @@ class Lockstep:
             t = time.perf_counter()
             verdict = self.stepcheck.read(pending)  # the step's one synchronisation
             ph.host("read", t)
+            clean = verdict.clean
             div = None
             if verdict.weights:  # written by the previous step (or before the first)
                 div = self._weights_changed(verdict.weights, self.prev, self._pre_prev, before=batch)
@@ -314,7 +316,7 @@ class Lockstep:
             # a weight written in this step comes first: the third copy would see both copies depart
             changed = self.stepcheck.changed_now() if self.check == "device" else []
             div = self._weights_changed(changed, batch, self.pre) if changed else \
-                self._against_reference(batch, div, e, r)
+                self._against_reference(batch, div, e, r, copies_equal=clean)
             ph.host("reference", t)
         ph.stop(steady=self.graph.captures == captures)
         self.prev = batch
@@ -353,13 +355,15 @@ class Lockstep:
                 return div
         return self.finish()
 
-    def _against_reference(self, batch, div: Divergence | None, e: dict, r: dict) -> Divergence | None:
+    def _against_reference(self, batch, div: Divergence | None, e: dict, r: dict,
+                           copies_equal: bool = False) -> Divergence | None:
         """The step on the independent copy (`reference_copy`): says which copy departed from a
-        failure, or finds the corruption both copies share."""
+        failure, or finds the corruption both copies share. `copies_equal`: the device check saw
+        every output and state slot of the two copies equal at this step."""
         ref = self.reference.run(batch, self.pre)
         who, why, first, ties = departed(batch, ref, {**e, **self._state(self.eager_copy)},
                                          {**r, **self._state(self.replay_copy)}, self.probe.logits, self._routing,
-                                         self.bound_usage)
+                                         self.bound_usage, copies_equal)
         if ties:
             note_finding(self.kernel_findings, _routing_finding(batch, ref, e, ties))
         if who is not None and not self.reference.intact():

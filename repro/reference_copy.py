@@ -98,13 +98,17 @@ def _digest(weights: dict) -> torch.Tensor:
     return torch.stack([digest_words(t) for t in weights.values()])
 
 
-def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=None, usage: dict | None = None):
+def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=None, usage: dict | None = None,
+             copies_equal: bool = False):
     """(`replay` / `eager` / `both` / None, why, the first divergence from the reference of the
     copy that departed, {row: why} of the rows a router near-tie explains): which copy is beyond
     the oracle's bound of the reference's outputs and state (`oracle.corruption`; `logits(hidden)`:
     the canary head's, so a near-tie token flip is rounding, not corruption; `routing()`: (the
     reference's MoE input, the eager copy's, router weight, top_k) or None, so a near-tie expert
-    flip is too: `oracle.routing_ties`; `usage`: raised as `oracle.corruption` raises it)."""
+    flip is too: `oracle.routing_ties`; `usage`: raised as `oracle.corruption` raises it).
+    `copies_equal`: the caller has seen eager and replay hold the same bits in every tensor
+    compared here (the lockstep's clean device check), so the reference is held against one of
+    them and the answer is None or `both`, as it would be from two equal judgements."""
     from .oracle import corruption
     keys = [k for k in ref if k in eager and k in replay]
     ref = {k: ref[k] for k in keys}
@@ -114,7 +118,8 @@ def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=N
         eager = excuse_rows(eager, ref, ties)
         replay = excuse_rows(replay, ref, [r for r in ties if torch.equal(r_h[r], e_h[r])])
     off_e = corruption(batch, ref, {k: eager[k] for k in keys}, ("reference", "eager"), logits=logits, usage=usage)
-    off_r = corruption(batch, ref, {k: replay[k] for k in keys}, ("reference", "replay"), logits=logits, usage=usage)
+    off_r = off_e if copies_equal else corruption(batch, ref, {k: replay[k] for k in keys}, ("reference", "replay"),
+                                                  logits=logits, usage=usage)
     who = {(False, True): "replay", (True, False): "eager", (True, True): "both"}.get((off_e is not None,
                                                                                         off_r is not None))
     if who is None:

@@ -213,14 +213,15 @@ def test_departed_excuses_the_rows_a_router_tie_explains_and_nothing_else():
     eager = {"submod1.hidden": moved, "head.token_ids": torch.tensor([3, 5])}
     batch = StepBatch([0, 1], [1, 2], [1, 1], [True, True], [7, 8], step=5, live_slots=[1, 2])
     routing = lambda: (x_ref, x_eager, w, 1)  # noqa: E731
-    who, why, first, ties = departed(batch, ref, eager, dict(eager), routing=routing)
-    assert who is None and set(ties) == {1}, why
-    who, _, first, ties = departed(batch, ref, eager, dict(eager))  # without the MoE inputs
-    assert who == "both" and first.tensor == "hidden" and ties == {}
-    worse = {k: v.clone() for k, v in eager.items()}
-    worse["submod1.hidden"][0] += 2.0  # row 0 moved too, and its router did not flip
-    who, _, first, ties = departed(batch, ref, worse, dict(worse), routing=routing)
-    assert who == "both" and first.row == 0 and set(ties) == {1}
+    for equal in (False, True):  # `copies_equal`: the lockstep saw the two copies equal (one judgement)
+        who, why, first, ties = departed(batch, ref, eager, dict(eager), routing=routing, copies_equal=equal)
+        assert who is None and set(ties) == {1}, why
+        who, _, first, ties = departed(batch, ref, eager, dict(eager), copies_equal=equal)  # without the MoE inputs
+        assert who == "both" and first.tensor == "hidden" and ties == {}
+        worse = {k: v.clone() for k, v in eager.items()}
+        worse["submod1.hidden"][0] += 2.0  # row 0 moved too, and its router did not flip
+        who, _, first, ties = departed(batch, ref, worse, dict(worse), routing=routing, copies_equal=equal)
+        assert who == "both" and first.row == 0 and set(ties) == {1}
 
 
 def nudged(x, y, w, eps):
