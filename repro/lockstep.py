@@ -14,9 +14,10 @@ step, island, tensor, row (request and slot), |d| or the copy holding a one-side
 plus digests of what went in at that step and the step before. A weight whose digest changed is
 corruption naming the tensor and the step that wrote it (issue 16.2: both copies read the same
 weights, so comparing them cannot see it); the digest runs at the start of the next step, where
-the device would otherwise idle, so that step reports it (`finish` reads the last step's). Batch variance and nondeterminism are kernel findings: counted, the first of each
-kept, the eager copy's state resynced to the replay's, and the run goes on (in strict mode they
-fail the case, but the run still goes on, so a planted hazard is still found).
+the device would otherwise idle, so that step reports it (`finish` reads the last step's). Batch
+variance and nondeterminism are kernel findings: counted, the first of each kept, the eager
+copy's state resynced to the replay's, and the run goes on (in strict mode they fail the case,
+but the run still goes on, so a planted hazard is still found).
 
 While the device runs step k the host prepares step k+1's input tensors (`StepBatch.prepare`),
 and nothing in a step waits for the device except the one read. `check="host"` keeps the

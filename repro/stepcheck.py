@@ -27,8 +27,9 @@ Weights are read once per step, so on a GPU at real dimensions this is the domin
 enqueued first (`begin`), before the step's own work, where the device would otherwise idle while
 the host enqueues the eager copy: the digest a step reads is of the weights as the previous step
 left them, so a change is reported one step late, naming the step it happened in; `changed_now`
-reads the weights at once (after the last step, and at a step whose flags are set). `weight_every` thins it further (a change is then reported with the range
-of steps it happened in).
+reads the weights at once (after the last step, and at a step whose flags are set).
+`weight_every` thins it further (a change is then reported with the range of steps it happened
+in).
 
 On a CUDA device the reads of tensors that keep their address for the whole run (the state
 caches' slot flags, the weight digests) are each captured once as a CUDA graph and replayed every
