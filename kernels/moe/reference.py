@@ -94,7 +94,8 @@ GROUP_BYTES = 1 << 28
 class _Groups:
     """The (token, k) pairs of a batch grouped by expert, each group padded to the largest:
     `pair_at[g * width + i]` is the i-th pair of the g-th expert used (P, a zero row, past its
-    count), `slot` the inverse. One host read (the experts used and the largest count)."""
+    count), `slot` the inverse. Two host reads: the experts used (`torch.unique` waits for them on
+    a GPU) and the largest count."""
 
     def __init__(self, pair_expert: torch.Tensor):
         P = pair_expert.numel()
