@@ -146,6 +146,57 @@ def magnitude(a: torch.Tensor) -> float:
     return float(f.max())
 
 
+@dataclass
+class Summary:
+    """One pair's `same`, and for a float pair that is not, `nonfinite_side`'s three flags,
+    `max_abs` and `magnitude` of the first tensor (`summaries`)."""
+    same: bool
+    floating: bool = False  # the fields below are filled (a float pair of one shape and dtype, not same)
+    only_a: bool = False
+    only_b: bool = False
+    both_differ: bool = False
+    max_abs: float = 0.0
+    magnitude: float = 0.0
+
+    def side(self, names=("eager", "replay")) -> str | None:
+        """`nonfinite_side(a, b, names)`."""
+        if self.both_differ or (self.only_a and self.only_b):
+            return "both"
+        return names[0] if self.only_a else names[1] if self.only_b else None
+
+
+def summaries(pairs: dict) -> dict:
+    """{key: Summary} of {key: (a, b)}, read from the device in two transfers where the functions
+    above read once each: which pairs are `same`; then, for the float pairs that are not, the
+    flags of `nonfinite_side`, `max_abs` and `magnitude(a)`, the same operations read together
+    (fp32 scalars, exact). A pair of two shapes or dtypes is not `same`; an integer pair that is
+    not gets `floating` False (its caller uses the functions: a failure's path, not the hot one)."""
+    keys = [k for k, (a, b) in pairs.items() if a.shape == b.shape and a.dtype == b.dtype]
+    out = {k: Summary(False) for k in pairs}
+    if not keys:
+        return out
+    eq = torch.stack([same_mask(*pairs[k]).all() for k in keys]).tolist()
+    floats = []
+    for k, e in zip(keys, eq):
+        out[k] = Summary(bool(e))
+        if not e and pairs[k][0].is_floating_point():
+            floats.append(k)
+    if not floats:
+        return out
+    rows = []
+    for k in floats:
+        a, b = pairs[k]
+        fa, fb = torch.isfinite(a), torch.isfinite(b)
+        d = torch.where(fa & fb, (a.float() - b.float()).abs(), 0.0)
+        m = a.float().abs()
+        m = torch.where(torch.isfinite(m), m, 0.0)
+        rows.append(torch.stack([(~fa & fb).any().float(), (fa & ~fb).any().float(),
+                                 (~fa & ~fb & ~same_mask(a, b)).any().float(), d.max(), m.max()]))
+    for k, (oa, ob, both, d, m) in zip(floats, torch.stack(rows).tolist()):
+        out[k] = Summary(False, True, bool(oa), bool(ob), bool(both), d, m)
+    return out
+
+
 def first_row(a: torch.Tensor, b: torch.Tensor) -> int:
     """The first index along dim 0 where the copies differ (NaN in both counts as equal)."""
     s = same_mask(a, b)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .compare import (BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM, Divergence, compare_outputs,
-                      first_row, magnitude, max_abs, nonfinite_side, ordered, row_owner, same)
+                      first_row, magnitude, max_abs, nonfinite_side, ordered, row_owner, same, summaries)
 from .capture import pad_size
 from .islands.gdn import GDNMeta
 from .kernelcase import locate
@@ -57,12 +57,13 @@ ULPS = {"default": 16, "head.token_ids": 0}
 NOISE_FACTOR = 2.0
 
 
-def bound(key: str, ref: torch.Tensor) -> float:
-    """The largest |d| a rounding difference may produce in tensor `key` (see `ULPS`)."""
+def bound(key: str, ref: torch.Tensor, mag: float | None = None) -> float:
+    """The largest |d| a rounding difference may produce in tensor `key` (see `ULPS`); `mag`:
+    `magnitude(ref)` where the caller has it."""
     if not ref.is_floating_point():
         return 0.0
     eps = max(torch.finfo(ref.dtype).eps, BF16_EPS)
-    return ULPS.get(key, ULPS["default"]) * eps * magnitude(ref)
+    return ULPS.get(key, ULPS["default"]) * eps * (magnitude(ref) if mag is None else mag)
 
 
 def _locate(batch, key: str, a: torch.Tensor, b: torch.Tensor) -> tuple:
@@ -96,22 +97,26 @@ def corruption(batch, ref: dict, other: dict, names: tuple, noise: dict | None =
     value in one copy only, a changed canary token (unless `tie_flip` with `logits(hidden)`), or
     |d| above the calibrated bound (or above NOISE_FACTOR x the kernel's measured noise).
     `usage`: {tensor: the largest |d| / bound seen within it} is raised for every tensor compared
-    (how close rounding comes to the bound: the bound's calibration, measured run by run)."""
-    for key in ordered(ref):
-        a, b = ref[key], other[key]
+    (how close rounding comes to the bound: the bound's calibration, measured run by run). The
+    statistics of every tensor are read in two transfers (`compare.summaries`)."""
+    keys = ordered(ref)
+    sums = summaries({k: (ref[k], other[k]) for k in keys})
+    for key in keys:
+        a, b, s = ref[key], other[key], sums[key]
         if usage is not None:
             usage.setdefault(key, 0.0)  # 0: the same bits at every step
-        if same(a, b) or (key == "head.token_ids" and tie_flip(ref, other, logits)):
+        if s.same or (key == "head.token_ids" and tie_flip(ref, other, logits)):
             continue
         isl, name = key.split(".", 1)
-        row, rid, slot = _locate(batch, key, a, b)
-        side = nonfinite_side(a, b, names)
+        side = s.side(names) if s.floating else nonfinite_side(a, b, names)
+        d = s.max_abs if s.floating else max_abs(a, b)
         if side is not None:
-            return Divergence(batch.step, isl, name, row, rid, slot, max_abs(a, b), kind=CORRUPTION, nonfinite=side,
+            return Divergence(batch.step, isl, name, *_locate(batch, key, a, b), d, kind=CORRUPTION, nonfinite=side,
                               reason=f"a non-finite value in {side} only" if side in names else
                               "non-finite values differ between the copies")
-        d, lim = max_abs(a, b), bound(key, a)
-        why = f"{ULPS.get(key, ULPS['default'])} bf16 ulps of max|x| {magnitude(a):.3g}"
+        mag = s.magnitude if s.floating else magnitude(a)
+        lim = bound(key, a, mag)
+        why = f"{ULPS.get(key, ULPS['default'])} bf16 ulps of max|x| {mag:.3g}"
         if noise and key in noise and NOISE_FACTOR * noise[key] > lim:
             lim, why = NOISE_FACTOR * noise[key], f"{NOISE_FACTOR:g}x the kernel's own noise {noise[key]:.3g}"
         if usage is not None and 0 < lim and d <= lim:  # rounding's use of it (a departure is a finding)
@@ -119,7 +124,8 @@ def corruption(batch, ref: dict, other: dict, names: tuple, noise: dict | None =
         if d > lim:
             reason = ("the canary token changed" if key == "head.token_ids"
                       else f"|d| {d:.3g} exceeds the bound {lim:.3g} ({why})")
-            return Divergence(batch.step, isl, name, row, rid, slot, d, kind=CORRUPTION, reason=reason, bound=lim)
+            return Divergence(batch.step, isl, name, *_locate(batch, key, a, b), d, kind=CORRUPTION, reason=reason,
+                              bound=lim)
     return None
 
 

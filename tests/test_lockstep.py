@@ -3,6 +3,7 @@ non-finite value diverges and says which copy holds it, the first row and its ow
 from types import SimpleNamespace
 
 import torch
+from hypothesis import given, settings, strategies as st
 
 from repro.batch import StepBatch
 from repro.compare import compare_step, max_abs, nonfinite_side, same
@@ -64,3 +65,33 @@ def test_state_slot_divergence_names_slot_and_request():
 
 def test_integer_difference_is_exact():
     assert max_abs(torch.tensor([1, 5]), torch.tensor([1, 2])) == 3.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 40), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.bool]),
+       seed=st.integers(0, 9999), equal=st.booleans(), odd=st.sampled_from(["none", "nan", "inf", "both", "shape"]))
+def test_summaries_are_the_per_tensor_functions_read_together(n, dtype, seed, equal, odd):
+    """`compare.summaries` (what `oracle.corruption` reads in two transfers) gives, pair by pair,
+    what `same`, `nonfinite_side`, `max_abs` and `magnitude` give one read at a time, NaN and inf
+    on either side, empty tensors, integers and mismatched shapes included."""
+    from repro.compare import magnitude, max_abs, nonfinite_side, same, summaries
+    g = torch.Generator().manual_seed(seed)
+    pairs = {}
+    for k in range(3):
+        a = (torch.randn(n, 3, generator=g) * 4).to(dtype)
+        b = a.clone() if equal and k != 1 else (torch.randn(n, 3, generator=g) * 4).to(dtype)
+        if a.is_floating_point() and n and odd in ("nan", "inf", "both"):
+            i = int(torch.randint(n, (1,), generator=g))
+            a[i, 0] = float("nan") if odd != "inf" else float("inf")
+            (b if odd == "both" else a)[i, 1] = float("-inf")
+        if odd == "shape" and k == 2:
+            b = b[:-1] if n else b.reshape(0)
+        pairs[f"t{k}"] = (a, b)
+    got = summaries(pairs)
+    names = ("reference", "eager")
+    for k, (a, b) in pairs.items():
+        s = got[k]
+        assert s.same == same(a, b), k
+        if s.same or not s.floating:
+            continue
+        assert (s.side(names), s.max_abs, s.magnitude) == (nonfinite_side(a, b, names), max_abs(a, b), magnitude(a)), k
