@@ -1,4 +1,4 @@
-"""Checked lockstep steps/s (device check) of one tree, to compare two trees on one machine in one
+"""Checked lockstep steps/s (device check, or `--check`) of one tree, to compare two trees on one machine in one
 call (GPU machines differ by 1.3-1.5x, so figures from two calls do not compare). A GPU figure for
 docs/BENCH.md (issue 19); not a test.
 
@@ -25,6 +25,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--check", default="device", help="device, host or reference (`lockrates.CHECKS`)")
     a = ap.parse_args()
     sys.path.insert(0, os.path.abspath(a.tree or os.path.join(os.path.dirname(__file__), "..")))
     import kernels
@@ -45,13 +46,13 @@ def main() -> int:
         model = Model(checkpoint_for("real-layer", provider.device), provider.device)
         seq = default_sequence(0, a.steps, vocab=model.cfg.vocab_size)
         for island, mode in CASES:
-            run_checked(model, provider, island, mode, seq, "device")
+            run_checked(model, provider, island, mode, seq, a.check)
         for rep in range(a.reps):
             for island, mode in CASES:
                 t = time.perf_counter()
-                r = run_checked(model, provider, island, mode, seq, "device")
+                r = run_checked(model, provider, island, mode, seq, a.check)
                 dt = time.perf_counter() - t
-                print(f"{a.tag} rep{rep} {island:8} {mode:9} steady {r.phases.get('steady_steps_per_s')} steps/s, "
+                print(f"{a.tag} rep{rep} {island:8} {mode:9} {a.check} steady {r.phases.get('steady_steps_per_s')} steps/s, "
                       f"run {r.steps / dt:.1f}", flush=True)
     speed = f", host {host_us_per_op(a.device)} us per small op" if host_us_per_op else ""
     print(a.tag, os.path.dirname(kernels.__file__), os.path.dirname(repro.__file__) + speed)
