@@ -92,15 +92,16 @@ def tie_flip(ref: dict, other: dict, logits) -> bool:
 
 
 def corruption(batch, ref: dict, other: dict, names: tuple, noise: dict | None = None,
-               logits=None, usage: dict | None = None) -> Divergence | None:
+               logits=None, usage: dict | None = None, sums: dict | None = None) -> Divergence | None:
     """The first tensor where `other` departs from `ref` beyond a rounding difference: a non-finite
     value in one copy only, a changed canary token (unless `tie_flip` with `logits(hidden)`), or
     |d| above the calibrated bound (or above NOISE_FACTOR x the kernel's measured noise).
     `usage`: {tensor: the largest |d| / bound seen within it} is raised for every tensor compared
     (how close rounding comes to the bound: the bound's calibration, measured run by run). The
-    statistics of every tensor are read in two transfers (`compare.summaries`)."""
+    statistics of every tensor are read in two transfers (`compare.summaries`; `sums`: read by the
+    caller already, of these very pairs)."""
     keys = ordered(ref)
-    sums = summaries({k: (ref[k], other[k]) for k in keys})
+    sums = sums if sums is not None else summaries({k: (ref[k], other[k]) for k in keys})
     for key in keys:
         a, b, s = ref[key], other[key], sums[key]
         if usage is not None:
@@ -172,11 +173,17 @@ def routing_ties(x_ref: torch.Tensor, x_other: torch.Tensor, router_w: torch.Ten
     return out
 
 
-def router_ties(ref: dict, other: dict, routing) -> dict:
+def router_ties(ref: dict, other: dict, routing, sums: dict | None = None) -> dict:
     """The rows where a float tensor the MoE feeds (`ROUTED`) is beyond its bound between `ref` and
     `other` that a router near-tie explains (`routing_ties`); the canary token of such a row is
     excused with it, and a token flip alone is `tie_flip`'s to judge. `routing()`: (ref's MoE
-    input, other's, router weight, top_k), or None: then {}."""
+    input, other's, router weight, top_k), or None: then {}. `sums`: the pairs' `compare.summaries`
+    where the caller has read them: no row is over where every pair is the same, or its max|d| is
+    within the bound with no value non-finite on one side only (inf facing a finite value is over;
+    NaN never is), and then nothing more is read."""
+    if sums is not None and all(_quiet(k, ref[k], sums.get(k)) for k in ROUTED if k in ref and k in other
+                                and ref[k].is_floating_point()):
+        return {}
     got = routing() if routing is not None else None
     if got is None:
         return {}
@@ -187,6 +194,14 @@ def router_ties(ref: dict, other: dict, routing) -> dict:
         d = (ref[k][:n].float() - other[k][:n].float()).abs()
         over |= (d.amax(-1) if d.dim() > 1 else d) > bound(k, ref[k])
     return routing_ties(x_ref, x_other, router_w, top_k, over.nonzero().flatten().tolist())
+
+
+def _quiet(key: str, ref: torch.Tensor, s) -> bool:
+    """`summaries` shows no row of `key` beyond its bound (`router_ties`)."""
+    if s is None:
+        return False
+    return s.same or (s.floating and not (s.only_a or s.only_b or s.both_differ)
+                      and s.max_abs <= bound(key, ref, s.magnitude))
 
 
 def routing_inputs(x_ref, x_other, moe) -> tuple | None:

@@ -109,15 +109,19 @@ def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=N
     `copies_equal`: the caller has seen eager and replay hold the same bits in every tensor
     compared here (the lockstep's clean device check), so the reference is held against one of
     them and the answer is None or `both`, as it would be from two equal judgements."""
+    from .compare import summaries
     from .oracle import corruption
     keys = [k for k in ref if k in eager and k in replay]
     ref = {k: ref[k] for k in keys}
-    ties = router_ties(ref, eager, routing)
+    sums = summaries({k: (ref[k], eager[k]) for k in keys})  # read once, for the ties and the bound
+    ties = router_ties(ref, eager, routing, sums)
     if ties:  # replay's rows are excused where they equal eager's (the same router input)
         e_h, r_h = eager["submod1.hidden"], replay["submod1.hidden"]
         eager = excuse_rows(eager, ref, ties)
         replay = excuse_rows(replay, ref, [r for r in ties if torch.equal(r_h[r], e_h[r])])
-    off_e = corruption(batch, ref, {k: eager[k] for k in keys}, ("reference", "eager"), logits=logits, usage=usage)
+        sums = None  # eager's excused rows changed its pairs
+    off_e = corruption(batch, ref, {k: eager[k] for k in keys}, ("reference", "eager"), logits=logits, usage=usage,
+                       sums=sums)
     off_r = off_e if copies_equal else corruption(batch, ref, {k: replay[k] for k in keys}, ("reference", "replay"),
                                                   logits=logits, usage=usage)
     who = {(False, True): "replay", (True, False): "eager", (True, True): "both"}.get((off_e is not None,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels import registry
 from kernels.norms.reference import add_rms_norm_reference, rms_norm_reference
@@ -199,6 +201,33 @@ def test_a_router_flip_at_a_near_tie_is_excused_and_a_wide_one_is_not():
     close = x.clone()
     close[1, 5] += 1e-3  # a row that moved (say, by a fault after the MoE) while its router is far from
     assert routing_ties(x, close, _router(lead=10.0), 1, [1]) == {}  # any boundary the input could cross
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 6), seed=st.integers(0, 9999), step=st.sampled_from([0.0, 1e-4, 0.5, 4.0]),
+       odd=st.sampled_from(["none", "nan", "inf", "nan-both", "inf-both"]), near=st.booleans())
+def test_router_ties_skips_its_rows_only_where_the_summaries_prove_none_is_over(n, seed, step, odd, near):
+    """`router_ties` given the pair's `compare.summaries` (what `departed` has read already) answers
+    what it answers reading the rows itself: a row is over its bound only where max|d| is, or where a
+    value is non-finite on one side (inf facing a finite value is over; NaN never is)."""
+    from repro.compare import summaries
+    from repro.oracle import ROUTED, router_ties
+    g = torch.Generator().manual_seed(seed)
+    ref = {"submod1.hidden": torch.randn(n, 8, generator=g).to(torch.bfloat16),
+           "submod1.next_normed": torch.randn(n, 8, generator=g).to(torch.bfloat16),
+           "head.token_ids": torch.arange(n)}
+    other = {k: v.clone() for k, v in ref.items()}
+    r = int(torch.randint(n, (1,), generator=g))
+    other["submod1.hidden"][r] += step
+    if odd != "none":
+        v = float("nan") if odd.startswith("nan") else float("inf")
+        other["submod1.next_normed"][r, 1] = v
+        if odd.endswith("both"):
+            ref["submod1.next_normed"][r, 1] = v
+    x_ref, x_other = _inputs(n) if n > 1 else (torch.ones(1, 32), torch.ones(1, 32))
+    routing = lambda: (x_ref, x_other, _router(lead=1e-3 if near else 10.0), 1)  # noqa: E731
+    sums = summaries({k: (ref[k], other[k]) for k in ROUTED})
+    assert router_ties(ref, other, routing, sums) == router_ties(ref, other, routing)
 
 
 def test_departed_excuses_the_rows_a_router_tie_explains_and_nothing_else():
