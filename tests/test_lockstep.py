@@ -68,22 +68,29 @@ def test_integer_difference_is_exact():
 
 
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(0, 40), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.bool]),
-       seed=st.integers(0, 9999), equal=st.booleans(), odd=st.sampled_from(["none", "nan", "inf", "both", "shape"]))
-def test_summaries_are_the_per_tensor_functions_read_together(n, dtype, seed, equal, odd):
+@given(n=st.integers(0, 40), seed=st.integers(0, 9999), equal=st.booleans(),
+       dtypes=st.lists(st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64,
+                                        torch.bool]), min_size=3, max_size=3),
+       odd=st.sampled_from(["none", "nan", "inf", "both", "shared", "shape"]))
+def test_summaries_are_the_per_tensor_functions_read_together(n, seed, equal, dtypes, odd):
     """`compare.summaries` (what `oracle.corruption` reads in two transfers) gives, pair by pair,
     what `same`, `nonfinite_side`, `max_abs` and `magnitude` give one read at a time, NaN and inf
-    on either side, empty tensors, integers and mismatched shapes included."""
+    on either side, empty tensors, integers, fp64 beside the pairs it runs together, and mismatched
+    shapes included."""
     from repro.compare import magnitude, max_abs, nonfinite_side, same, summaries
     g = torch.Generator().manual_seed(seed)
     pairs = {}
     for k in range(3):
+        dtype = dtypes[k]
         a = (torch.randn(n, 3, generator=g) * 4).to(dtype)
         b = a.clone() if equal and k != 1 else (torch.randn(n, 3, generator=g) * 4).to(dtype)
         if a.is_floating_point() and n and odd in ("nan", "inf", "both"):
             i = int(torch.randint(n, (1,), generator=g))
             a[i, 0] = float("nan") if odd != "inf" else float("inf")
             (b if odd == "both" else a)[i, 1] = float("-inf")
+        if a.is_floating_point() and n and odd == "shared":  # the same NaN and inf in both: not a side
+            i = int(torch.randint(n, (1,), generator=g))
+            a[i, :2] = b[i, :2] = torch.tensor([float("nan"), float("inf")])
         if odd == "shape" and k == 2:
             b = b[:-1] if n else b.reshape(0)
         pairs[f"t{k}"] = (a, b)
