@@ -170,85 +170,31 @@ def summaries(pairs: dict) -> dict:
     above read once each: which pairs are `same`; then, for the float pairs that are not, the
     flags of `nonfinite_side`, `max_abs` and `magnitude(a)`, the same operations read together
     (fp32 scalars, exact). A pair of two shapes or dtypes is not `same`; an integer pair that is
-    not gets `floating` False (its caller uses the functions: a failure's path, not the hot one).
-    The bf16, fp16 and fp32 pairs go through together as one flat run a side (`_Run`): a few
-    dozen operations for all of them, where one at a time they took about thirty each (on a GPU,
-    host time per operation is the cost)."""
+    not gets `floating` False (its caller uses the functions: a failure's path, not the hot one)."""
     keys = [k for k, (a, b) in pairs.items() if a.shape == b.shape and a.dtype == b.dtype]
     out = {k: Summary(False) for k in pairs}
     if not keys:
         return out
-    flat = [k for k in keys if pairs[k][0].dtype in _RUN_DTYPES and pairs[k][0].numel()]
-    rest = [k for k in keys if k not in flat]
-    eq = [same_mask(*pairs[k]).all().reshape(1) for k in rest]
-    run = _Run([pairs[k] for k in flat]) if flat else None
-    if run is not None:
-        eq.append(run.same())
-    for k, e in zip(rest + flat, torch.cat(eq).tolist()):
+    eq = torch.stack([same_mask(*pairs[k]).all() for k in keys]).tolist()
+    floats = []
+    for k, e in zip(keys, eq):
         out[k] = Summary(bool(e))
-    stats, floats = [], []
-    for k in rest:
-        if not out[k].same and pairs[k][0].is_floating_point():
-            stats.append(_pair_stats(*pairs[k]).reshape(1, 5))
+        if not e and pairs[k][0].is_floating_point():
             floats.append(k)
-    ran = [i for i, k in enumerate(flat) if not out[k].same]
-    if ran:
-        stats.append(run.stats(ran))
-        floats += [flat[i] for i in ran]
     if not floats:
         return out
-    for k, (oa, ob, both, d, m) in zip(floats, torch.cat(stats).tolist()):
+    rows = []
+    for k in floats:
+        a, b = pairs[k]
+        fa, fb = torch.isfinite(a), torch.isfinite(b)
+        d = torch.where(fa & fb, (a.float() - b.float()).abs(), 0.0)
+        m = a.float().abs()
+        m = torch.where(torch.isfinite(m), m, 0.0)
+        rows.append(torch.stack([(~fa & fb).any().float(), (fa & ~fb).any().float(),
+                                 (~fa & ~fb & ~same_mask(a, b)).any().float(), d.max(), m.max()]))
+    for k, (oa, ob, both, d, m) in zip(floats, torch.stack(rows).tolist()):
         out[k] = Summary(False, True, bool(oa), bool(ob), bool(both), d, m)
     return out
-
-
-def _pair_stats(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[5] fp32: `nonfinite_side`'s three flags, `max_abs`, `magnitude(a)` of one float pair."""
-    fa, fb = torch.isfinite(a), torch.isfinite(b)
-    d = torch.where(fa & fb, (a.float() - b.float()).abs(), 0.0)
-    m = a.float().abs()
-    m = torch.where(torch.isfinite(m), m, 0.0)
-    return torch.stack([(~fa & fb).any().float(), (fa & ~fb).any().float(),
-                        (~fa & ~fb & ~same_mask(a, b)).any().float(), d.max(), m.max()])
-
-
-# Widened to fp32 exactly, so equality, NaN, inf and |a - b| in fp32 are those of `a.float()`.
-_RUN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-class _Run:
-    """Non-empty pairs of `_RUN_DTYPES` (one shape and dtype within a pair), flattened into one fp32
-    run a side with each element's pair index, so a per-pair reduction is one `scatter_reduce`
-    (max and min: exact in any order)."""
-
-    def __init__(self, pairs: list):
-        self.n = len(pairs)
-        self.a = torch.cat([a.reshape(-1).float() for a, _ in pairs])
-        self.b = torch.cat([b.reshape(-1).float() for _, b in pairs])
-        sizes = torch.tensor([a.numel() for a, _ in pairs])
-        self.pair = torch.repeat_interleave(torch.arange(self.n), sizes).to(self.a.device)
-        self.eq = None
-
-    def _reduce(self, vals: torch.Tensor, how: str, init: float) -> torch.Tensor:
-        """[n] fp32: each pair's `how` ("amax" / "amin") of `vals`."""
-        base = torch.full((self.n,), init, dtype=torch.float32, device=vals.device)
-        return base.scatter_reduce_(0, self.pair, vals.float(), how)
-
-    def same(self) -> torch.Tensor:
-        """[n] bool: `same_mask(a, b).all()` of each pair."""
-        self.eq = same_mask(self.a, self.b)
-        return self._reduce(self.eq, "amin", 1.0) > 0
-
-    def stats(self, rows: list) -> torch.Tensor:
-        """[len(rows), 5] fp32: `_pair_stats` of pairs `rows` (after `same`)."""
-        a, b = self.a, self.b
-        fa, fb = torch.isfinite(a), torch.isfinite(b)
-        d = torch.where(fa & fb, (a - b).abs(), 0.0)
-        m = torch.where(fa, a.abs(), 0.0)
-        cols = [self._reduce(~fa & fb, "amax", 0.0), self._reduce(fa & ~fb, "amax", 0.0),
-                self._reduce(~fa & ~fb & ~self.eq, "amax", 0.0), self._reduce(d, "amax", 0.0),
-                self._reduce(m, "amax", 0.0)]
-        return torch.stack(cols, 1)[torch.tensor(rows, device=a.device)]
 
 
 def first_row(a: torch.Tensor, b: torch.Tensor) -> int:
