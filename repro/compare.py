@@ -165,17 +165,21 @@ class Summary:
         return names[0] if self.only_a else names[1] if self.only_b else None
 
 
-def summaries(pairs: dict) -> dict:
+def summaries(pairs: dict, stacked: bool | None = None) -> dict:
     """{key: Summary} of {key: (a, b)}, read from the device in two transfers where the functions
     above read once each: which pairs are `same`; then, for the float pairs that are not, the
     flags of `nonfinite_side`, `max_abs` and `magnitude(a)`, the same operations read together
     (fp32 scalars, exact). A pair of two shapes or dtypes is not `same`; an integer pair that is
-    not gets `floating` False (its caller uses the functions: a failure's path, not the hot one)."""
+    not gets `floating` False (its caller uses the functions: a failure's path, not the hot one).
+    `stacked` (default: off the CPU) reads the first answers as one vector; else pair by pair."""
     keys = [k for k, (a, b) in pairs.items() if a.shape == b.shape and a.dtype == b.dtype]
     out = {k: Summary(False) for k in pairs}
     if not keys:
         return out
-    eq = torch.stack([same_mask(*pairs[k]).all() for k in keys]).tolist()
+    if not (stacked if stacked is not None else pairs[keys[0]][0].device.type != "cpu"):
+        eq = [same(*pairs[k]) for k in keys]  # the CPU: nothing to transfer, and `torch.equal` stops early
+    else:
+        eq = torch.stack([same_mask(*pairs[k]).all() for k in keys]).tolist()
     floats = []
     for k, e in zip(keys, eq):
         out[k] = Summary(bool(e))

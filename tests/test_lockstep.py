@@ -71,8 +71,8 @@ def test_integer_difference_is_exact():
 @given(n=st.integers(0, 40), seed=st.integers(0, 9999), equal=st.booleans(),
        dtypes=st.lists(st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64,
                                         torch.bool]), min_size=3, max_size=3),
-       odd=st.sampled_from(["none", "nan", "inf", "both", "shared", "shape"]))
-def test_summaries_are_the_per_tensor_functions_read_together(n, seed, equal, dtypes, odd):
+       odd=st.sampled_from(["none", "nan", "inf", "both", "shared", "shape"]), stacked=st.booleans())
+def test_summaries_are_the_per_tensor_functions_read_together(n, seed, equal, dtypes, odd, stacked):
     """`compare.summaries` (what `oracle.corruption` reads in two transfers) gives, pair by pair,
     what `same`, `nonfinite_side`, `max_abs` and `magnitude` give one read at a time, NaN and inf
     on either side, empty tensors, integers, fp64 beside the pairs it runs together, and mismatched
@@ -94,7 +94,7 @@ def test_summaries_are_the_per_tensor_functions_read_together(n, seed, equal, dt
         if odd == "shape" and k == 2:
             b = b[:-1] if n else b.reshape(0)
         pairs[f"t{k}"] = (a, b)
-    got = summaries(pairs)
+    got = summaries(pairs, stacked)  # both ways of reading `same`: one vector (a GPU), pair by pair (the CPU)
     names = ("reference", "eager")
     for k, (a, b) in pairs.items():
         s = got[k]
