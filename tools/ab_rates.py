@@ -1,6 +1,6 @@
-"""Checked lockstep steps/s (device check, or `--check`) of one tree, to compare two trees on one machine in one
-call (GPU machines differ by 1.3-1.5x, so figures from two calls do not compare). A GPU figure for
-docs/BENCH.md (issue 19); not a test.
+"""Checked lockstep steps/s (device check, or `--check`) of one tree, to compare two trees on one
+machine in one call (GPU machines differ by 1.3-1.7x, so figures from two calls do not compare). A
+GPU figure for docs/BENCH.md (issue 19); not a test.
 
     git archive OLD kernels repro | tar -x -C /tmp/old     # the other tree's packages
     python tools/ab_rates.py old --tree /tmp/old
@@ -52,8 +52,8 @@ def main() -> int:
                 t = time.perf_counter()
                 r = run_checked(model, provider, island, mode, seq, a.check)
                 dt = time.perf_counter() - t
-                print(f"{a.tag} rep{rep} {island:8} {mode:9} {a.check} steady {r.phases.get('steady_steps_per_s')} steps/s, "
-                      f"run {r.steps / dt:.1f}", flush=True)
+                print(f"{a.tag} rep{rep} {island:8} {mode:9} {a.check} steady "
+                      f"{r.phases.get('steady_steps_per_s')} steps/s, run {r.steps / dt:.1f}", flush=True)
     speed = f", host {host_us_per_op(a.device)} us per small op" if host_us_per_op else ""
     print(a.tag, os.path.dirname(kernels.__file__), os.path.dirname(repro.__file__) + speed)
     return 0
