@@ -176,10 +176,12 @@ def summaries(pairs: dict, stacked: bool | None = None) -> dict:
     out = {k: Summary(False) for k in pairs}
     if not keys:
         return out
-    if not (stacked if stacked is not None else pairs[keys[0]][0].device.type != "cpu"):
-        eq = [same(*pairs[k]) for k in keys]  # the CPU: nothing to transfer, and `torch.equal` stops early
-    else:
+    if stacked is None:  # the CPU: nothing to transfer, and `torch.equal` stops early
+        stacked = pairs[keys[0]][0].device.type != "cpu"
+    if stacked:
         eq = torch.stack([same_mask(*pairs[k]).all() for k in keys]).tolist()
+    else:
+        eq = [same(*pairs[k]) for k in keys]
     floats = []
     for k, e in zip(keys, eq):
         out[k] = Summary(bool(e))

@@ -39,6 +39,7 @@ from torch.utils._pytree import tree_leaves
 from kernels import registry
 from kernels.moe.reference import routed_on_host
 
+from .compare import summaries
 from .islands.layer import LayerCopy
 from .runner import EagerRunner
 from .stepcheck import digest_words
@@ -109,7 +110,6 @@ def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=N
     `copies_equal`: the caller has seen eager and replay hold the same bits in every tensor
     compared here (the lockstep's clean device check), so the reference is held against one of
     them and the answer is None or `both`, as it would be from two equal judgements."""
-    from .compare import summaries
     from .oracle import corruption
     keys = [k for k in ref if k in eager and k in replay]
     ref = {k: ref[k] for k in keys}
