@@ -338,9 +338,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-amplify", action="store_true", help="leave stream races to their natural timing "
                    "(default: poison what an early read sees and delay the producer, so they happen every step)")
     s.add_argument("--reference-every", type=_count(0), default=None, metavar="N",
-                   help="step the independent third copy (own weights, reference kernels) every N steps; it names "
-                        "the copy that departed and finds faults both copies share (default: 1 on the CPU, 16 on a "
-                        "GPU; 0: off)")
+                   help="step the independent third copy (own weights, reference kernels) every N steps, and at "
+                        "every step where eager and replay differ; it names the copy that departed and finds faults "
+                        "both copies share (default: 1 on the CPU, 16 on a GPU; 0: off)")
 
     s = sub.add_parser("hunt", help="Hypothesis search for a minimal diverging sequence",
                        formatter_class=raw, epilog=knobs_help())

@@ -311,8 +311,8 @@ class Lockstep:
                 self.resync()
                 div = None
             ph.host("oracle", t)
-        if self.reference is not None and self.reference.due(self.steps - 1) \
-                and (div is None or div.island != WEIGHTS):
+        if self.reference is not None and (div is not None or self.reference.due(self.steps - 1)) \
+                and (div is None or div.island != WEIGHTS):  # a failing step is judged whatever the cadence
             t = time.perf_counter()
             # a weight written in this step comes first: the third copy would see both copies depart
             changed = self.stepcheck.changed_now() if self.check == "device" else []

@@ -12,8 +12,10 @@ reference copy shares none of it that a step can change:
 - its own state cache and island options (the correct code: no planted knob reaches it).
 
 Every `every` steps (default: every step on the CPU, every 16 on a device, where it runs the
-slow reference kernels) it runs the step at the exact shape from the eager copy's state before
-the step, so each step is judged on its own and rounding never accumulates. Its outputs and whole
+slow reference kernels), and at any step where eager and replay differ (so every failure names
+the copy that departed; the cadence only thins the search for faults both copies share), it runs
+the step at the exact shape from the eager copy's state before the step, so each step is judged
+on its own and rounding never accumulates. Its outputs and whole
 new state are held against each copy with the oracle's bound (`oracle.corruption`: providers may
 round differently from `reference`). Then:
 
@@ -73,7 +75,8 @@ class ReferenceCopy:
         self._digest = _digest(self._weights)
 
     def due(self, index: int) -> bool:
-        """Whether the `index`-th step of the run (0-based) is checked."""
+        """Whether the `index`-th step of the run (0-based) is on the cadence (a step where the copies
+        differ is judged whatever the cadence: `Lockstep.step`)."""
         return self.every > 0 and index % self.every == 0
 
     def run(self, batch, pre: dict) -> dict:

@@ -88,6 +88,16 @@ def test_the_eager_copy_departing_is_named(setup):
     assert "agrees with replay" in div.reason
 
 
+def test_a_failing_step_is_judged_by_the_third_copy_whatever_its_cadence(setup):
+    """The cadence thins the search for faults both copies share; a step where the copies differ
+    is judged by the third copy anyway, so every failure names the copy that departed."""
+    model, provider = setup
+    seq = default_sequence(seed=0, steps=40)
+    r = run_case(model, provider, Case("chain", "full", ("stale-pad",)), seq, reference_every=1000)
+    assert r.detected and r.divergence.step != seq.batches()[0].step  # not a step the cadence picks
+    assert r.divergence.departed == "replay" and "agrees with eager" in r.divergence.reason
+
+
 def test_a_planted_graph_hazard_names_the_replay_copy(setup):
     model, provider = setup
     r = run_case(model, provider, Case("chain", "full", ("stale-pad",)), default_sequence(seed=0, steps=40))
