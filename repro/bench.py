@@ -356,7 +356,7 @@ def checkpoint_for(preset: str, device) -> Path:
 def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, repairs: bool = True,
               batches=(1, 8, 32), modes=MODES, iters: int = 50, warmup: int = 5, seed: int = 0,
               rates: bool = False, log=None, profile: int = 0, lockstep_steps: int = 0,
-              hunt_examples: int = 20) -> BenchResult:
+              hunt_examples: int = 20, reference_every=None) -> BenchResult:
     from kernels import registry
 
     from .islands import Model
@@ -385,7 +385,7 @@ def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, rep
     if lockstep_steps:
         from .lockrates import lockstep_rates
         res.lockstep_rates = lockstep_rates(model, provider, steps=lockstep_steps, examples=hunt_examples, seed=seed,
-                                            log=log)
+                                            log=log, every=reference_every)
     if rates:
         from .lockrates import tiny_rates
         res.tiny_rates = tiny_rates(seed=seed)

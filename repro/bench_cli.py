@@ -125,6 +125,8 @@ def command_line(a) -> str:
     if getattr(a, "lockstep_rates", False):
         parts += ["--lockstep-rates", "--lockstep-steps", str(a.lockstep_steps), "--hunt-examples",
                   str(a.hunt_examples)]
+        if getattr(a, "reference_every", None):
+            parts += ["--reference-every", ",".join(map(str, a.reference_every))]
     return " ".join(parts)
 
 
@@ -151,7 +153,8 @@ def _bench(a, batches) -> int:
     res = run_bench(path, provider, islands=islands, chain=chain, repairs=chain and not a.no_repairs,
                     batches=batches, modes=modes, iters=a.iters, warmup=a.warmup, seed=a.seed,
                     rates=not a.no_tiny_rates, log=log, profile=a.profile,
-                    lockstep_steps=a.lockstep_steps if a.lockstep_rates else 0, hunt_examples=a.hunt_examples)
+                    lockstep_steps=a.lockstep_steps if a.lockstep_rates else 0, hunt_examples=a.hunt_examples,
+                    reference_every=a.reference_every)
     print(format_table(res))
     if a.profile:
         print(format_profiles(res))

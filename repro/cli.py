@@ -41,6 +41,18 @@ def _count(lo: int, hi: int | None = None):
     return parse
 
 
+def _counts(lo: int):
+    """A comma-separated list of integers >= `lo` (at least one)."""
+    one = _count(lo)
+
+    def parse(s: str) -> tuple[int, ...]:
+        items = [x.strip() for x in s.split(",")]
+        if not s.strip() or not all(items):
+            raise argparse.ArgumentTypeError(f"{s!r} is not a comma-separated list of integers")
+        return tuple(one(x) for x in items)
+    return parse
+
+
 def _model_path(model) -> Path:
     if model:
         return Path(model)
@@ -393,6 +405,9 @@ def parser() -> argparse.ArgumentParser:
                         "examples/s at this checkpoint and device, and where a step's time goes")
     s.add_argument("--lockstep-steps", type=_count(1), default=400, help="steps a lockstep-rates case (default 400)")
     s.add_argument("--hunt-examples", type=_count(0), default=20, help="Hypothesis examples for the hunt rate")
+    s.add_argument("--reference-every", type=_counts(1), default=None, metavar="N[,N...]",
+                   help="the lockstep-rates' third-copy rows at these cadences, one row each, so a cadence's cost "
+                        "is read off one run (default: the device's, 1 on the CPU and 16 on a GPU)")
     return p
 
 

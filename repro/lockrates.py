@@ -21,12 +21,14 @@ TARGET_STEPS_PER_S = 300  # issue 19.4: every island, real dimensions, B <= 8, o
 CASES = (("chain", "piecewise"), ("chain", "full"), ("submod0", "piecewise"), ("submod1", "piecewise"),
          ("gdn_core", "full"), ("moe", "piecewise"))
 # "reference": the device check plus the independent third copy at its default cadence for the
-# device (`reference_copy`: every step on the CPU, every 16 on a GPU): what the third copy costs.
+# device (`reference_copy`: every step on the CPU, every 16 on a GPU), or at each cadence asked
+# for (`every`): what the third copy costs.
 CHECKS = ("device", "host", "reference")
 
 
-def run_checked(model, provider, island: str, mode: str, seq, check: str = "device"):
-    """One baseline case as `job.run_case` runs it, with the lockstep's check chosen."""
+def run_checked(model, provider, island: str, mode: str, seq, check: str = "device", every: int | None = None):
+    """One baseline case as `job.run_case` runs it, with the lockstep's check chosen (`every`: the
+    third copy's cadence for check "reference"; None: the device's default)."""
     from dataclasses import replace
 
     from . import hazards as hz
@@ -37,7 +39,8 @@ def run_checked(model, provider, island: str, mode: str, seq, check: str = "devi
         return run_moe_lockstep(model, provider, seq.batches(), check="host" if check == "host" else "device")
     ref = None
     if check == "reference":
-        ref = ReferenceCopy(independent_copy(model, seq.num_slots, 0), default_every(provider.device))
+        ref = ReferenceCopy(independent_copy(model, seq.num_slots, 0),
+                            default_every(provider.device) if every is None else every)
         check = "device"
     opts = hz.options_for((), ())
     if island in ISLAND_MODES:
@@ -48,10 +51,14 @@ def run_checked(model, provider, island: str, mode: str, seq, check: str = "devi
 
 
 def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: int = 0, checks=CHECKS,
-                   cases=CASES, log=None) -> dict:
+                   cases=CASES, log=None, every=None) -> dict:
     """Steps/s per case and check, and Hypothesis examples/s (device check), on `model`
-    (an `islands.Model`) and `provider`."""
+    (an `islands.Model`) and `provider`. `every`: the third copy's cadences, one "reference" row
+    each (default: the device's, `reference_copy.default_every`); a row says how many steps the
+    third copy ran. The moe island has no third copy: one "reference" row, the device check."""
     from .job import default_sequence, device_name
+    from .reference_copy import default_every
+    every = tuple(every) if every else (default_every(provider.device),)
     log = log or (lambda s: None)
     seq = default_sequence(seed, steps, vocab=model.cfg.vocab_size)
     out: dict = {"checkpoint": str(model.path), "device": device_name(provider), "provider": provider.name,
@@ -61,18 +68,20 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
         run_checked(model, provider, *cases[0], seq, checks[0] if checks else "device")
     for island, mode in cases:
         for check in checks:
-            t0 = time.perf_counter()
-            r = run_checked(model, provider, island, mode, seq, check)
-            dt = time.perf_counter() - t0
-            ph = r.phases
-            row = {"island": island, "mode": mode, "check": check, "steps": r.steps, "captures": r.captures,
-                   "diverged": r.divergence is not None, "run_steps_per_s": round(r.steps / dt, 2),
-                   **{k: ph.get(k) for k in ("steady_steps", "steady_steps_per_s", "step_us", "timing",
-                                             "us_per_step", "fractions")}}
-            row["meets_target"] = (row["steady_steps_per_s"] or 0) >= TARGET_STEPS_PER_S
-            out["cases"].append(row)
-            log(f"  lockstep {island:<8} {mode:<9} {check:<6} {row['steady_steps_per_s']} steps/s steady, "
-                f"{row['run_steps_per_s']} with captures")
+            for n in (every if check == "reference" and island != "moe" else (None,)):
+                t0 = time.perf_counter()
+                r = run_checked(model, provider, island, mode, seq, check, n)
+                dt = time.perf_counter() - t0
+                ph = r.phases
+                row = {"island": island, "mode": mode, "check": check, "reference_every": n,
+                       "reference_steps": r.reference_steps, "steps": r.steps, "captures": r.captures,
+                       "diverged": r.divergence is not None, "run_steps_per_s": round(r.steps / dt, 2),
+                       **{k: ph.get(k) for k in ("steady_steps", "steady_steps_per_s", "step_us", "timing",
+                                                 "us_per_step", "fractions")}}
+                row["meets_target"] = (row["steady_steps_per_s"] or 0) >= TARGET_STEPS_PER_S
+                out["cases"].append(row)
+                log(f"  lockstep {island:<8} {mode:<9} {_check_name(row):<12} {row['steady_steps_per_s']} steps/s "
+                    f"steady, {row['run_steps_per_s']} with captures")
     if examples:
         out["hunt"] = hunt_rate(model, provider, examples)
         log(f"  hunt {out['hunt']['examples_per_s']} examples/s ({out['hunt']['examples']} examples)")
@@ -118,6 +127,12 @@ def hunt_rate(model, provider, examples: int) -> dict:
     return {"examples": calls, "examples_per_s": round(calls / dt, 2), "seconds": round(dt, 2)}
 
 
+def _check_name(row: dict) -> str:
+    """A row's check as the table shows it: `reference/16` for the third copy every 16 steps."""
+    n = row.get("reference_every")
+    return f"{row['check']}/{n}" if n is not None else row["check"]
+
+
 def format_rates(r: dict) -> str:
     """The table `repro bench --lockstep-rates` prints."""
     head = ("island", "mode", "check", "steps/s", "w/ captures", "eager", "replay", "compare", "weights",
@@ -125,7 +140,7 @@ def format_rates(r: dict) -> str:
     rows = [head]
     for c in r["cases"]:
         f = c["fractions"] or {}
-        rows.append((c["island"], c["mode"], c["check"], str(c["steady_steps_per_s"]), str(c["run_steps_per_s"]),
+        rows.append((c["island"], c["mode"], _check_name(c), str(c["steady_steps_per_s"]), str(c["run_steps_per_s"]),
                      *(f"{f.get(k) or 0:.0%}" for k in ("eager", "replay", "compare", "weights", "read", "prepare",
                                                           "oracle"))))
     widths = [max(len(x[i]) for x in rows) for i in range(len(head))]

@@ -151,6 +151,7 @@ class LockstepResult:
     kernel_findings: dict = field(default_factory=dict)  # kind -> {"count": n, "first": Divergence}
     phases: dict = field(default_factory=dict)  # Phases.to_json()
     bound_usage: dict = field(default_factory=dict)  # tensor -> largest |d| / bound against the third copy
+    reference_steps: int = 0  # steps the third copy ran (its cadence's, and every step where the copies differ)
 
     @property
     def diverged(self) -> bool:
@@ -395,7 +396,8 @@ class Lockstep:
         us = self.phases.us
         return LockstepResult(self.steps, div, list(self.graph.findings), us["eager"] / n,
                               us["replay"] / n, self.graph.replays, self.graph.captures,
-                              dict(self.kernel_findings), self.phases.to_json(), dict(self.bound_usage))
+                              dict(self.kernel_findings), self.phases.to_json(), dict(self.bound_usage),
+                              self.reference.runs if self.reference is not None else 0)
 
 
 def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise", opts: Options = Options(),

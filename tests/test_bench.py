@@ -179,6 +179,21 @@ def test_lockstep_rates_structure(model):
     assert r["host_us_per_op"] > 0 and "host speed" in format_rates(r)
 
 
+def test_lockstep_rates_at_several_cadences_of_the_third_copy(model):
+    """`every`: one reference row per cadence, each with the third copy's own step count (steps
+    0, N, 2N, ... of the run), so what a cadence costs is read off one run; the moe island has no
+    third copy and keeps one row."""
+    from repro.graphs import make_provider
+    from repro.lockrates import format_rates, lockstep_rates
+    r = lockstep_rates(model, make_provider("cpu"), steps=9, examples=0, checks=("reference",), every=(1, 4),
+                       cases=(("chain", "piecewise"), ("moe", "piecewise")))
+    rows = [(c["island"], c["reference_every"], c["reference_steps"]) for c in r["cases"]]
+    assert rows == [("chain", 1, 9), ("chain", 4, 3), ("moe", None, 0)]
+    assert all(c["steps"] == 9 and not c["diverged"] for c in r["cases"])
+    table = format_rates(r)
+    assert "reference/4" in table and "reference/1" in table
+
+
 def test_cli_lockstep_rates_in_the_json(tiny_path, tmp_path):
     out = tmp_path / "b.json"
     assert main(["bench", "--device", "cpu", "--model", tiny_path, "--island", "gdn_core", "--batches", "1",
@@ -187,3 +202,21 @@ def test_cli_lockstep_rates_in_the_json(tiny_path, tmp_path):
     d = json.loads(out.read_text())
     assert {(c["island"], c["check"]) for c in d["lockstep_rates"]["cases"]} >= {("chain", "device"), ("moe", "host")}
     assert "--lockstep-rates" in d["command"]
+
+
+def test_cli_reference_cadences_in_the_json_and_bad_ones_refused(tiny_path, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    args = ["bench", "--device", "cpu", "--model", tiny_path, "--island", "gdn_core", "--batches", "1", "--iters", "1",
+            "--warmup", "0", "--no-tiny-rates", "--quiet", "--lockstep-rates", "--lockstep-steps", "4",
+            "--hunt-examples", "0"]
+    assert main(args + ["--json", str(out), "--reference-every", "2,3"]) == 0
+    d = json.loads(out.read_text())
+    got = {(c["island"], c["reference_every"], c["reference_steps"]) for c in d["lockstep_rates"]["cases"]
+           if c["check"] == "reference"}
+    assert {("chain", 2, 2), ("chain", 3, 2), ("moe", None, 0)} <= got
+    assert "--reference-every 2,3" in d["command"]
+    capsys.readouterr()
+    for bad in ("0", "2,x", ""):
+        assert main(args + ["--reference-every", bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--reference-every" in err[0], err
