@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -165,25 +166,59 @@ class Summary:
         return names[0] if self.only_a else names[1] if self.only_b else None
 
 
+# Float dtypes whose values fp32 holds exactly, finite ones finite: a pair of them is summarised by
+# the whole-list (`torch._foreach_*`) statistics of `summaries`.
+WIDENED = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def summaries(pairs: dict, stacked: bool | None = None) -> dict:
-    """{key: Summary} of {key: (a, b)}, read from the device in two transfers where the functions
-    above read once each: which pairs are `same`; then, for the float pairs that are not, the
-    flags of `nonfinite_side`, `max_abs` and `magnitude(a)`, the same operations read together
-    (fp32 scalars, exact). A pair of two shapes or dtypes is not `same`; an integer pair that is
-    not gets `floating` False (its caller uses the functions: a failure's path, not the hot one).
-    `stacked` (default: off the CPU) reads the first answers as one vector; else pair by pair."""
+    """{key: Summary} of {key: (a, b)}: what `same`, `nonfinite_side`, `max_abs` and `magnitude(a)`
+    say, read from the device in one transfer where they read once each. A pair of two shapes or
+    dtypes is not `same`; an integer pair that is not gets `floating` False (its caller uses the
+    functions: a failure's path, not the hot one).
+
+    `stacked` (default: off the CPU): the fp32/bf16/fp16 pairs (`WIDENED`, in fp32) go through four
+    whole-list statistics, one launch each for every pair together (`torch._foreach_norm`, `_sub`):
+    the sums of |a| and of |b|, max|a| and max|a - b|. Where both sums are finite every element is
+    (a sum meets any NaN or inf it adds; a finite sum that overflows only sends the pair to the
+    second read), and then the pair is `same` exactly when max|a - b| is 0 (IEEE subtraction of two
+    finite values is 0 only when they are equal: +0.0 and -0.0 are, as `same` says; subnormals are
+    not flushed by these kernels, the test holds it), no side holds a non-finite value, `max_abs`
+    is max|a - b| and `magnitude` max|a| (a maximum does not depend on the reduction's order). The
+    other pairs (a non-finite value somewhere, fp64, integers) are read as the functions read
+    them, in the same transfer for `same`, then in a second for the float pairs that are not.
+    Else (the CPU: nothing to transfer, and `torch.equal` stops early) `same` pair by pair."""
     keys = [k for k, (a, b) in pairs.items() if a.shape == b.shape and a.dtype == b.dtype]
     out = {k: Summary(False) for k in pairs}
     if not keys:
         return out
-    if stacked is None:  # the CPU: nothing to transfer, and `torch.equal` stops early
+    if stacked is None:
         stacked = pairs[keys[0]][0].device.type != "cpu"
+    fast = [k for k in keys if stacked and pairs[k][0].dtype in WIDENED and pairs[k][0].numel()]  # max: not of none
+    rest = [k for k in keys if k not in fast]
     if stacked:
-        eq = torch.stack([same_mask(*pairs[k]).all() for k in keys]).tolist()
+        parts = []
+        if fast:
+            a = [pairs[k][0].float() for k in fast]
+            b = [pairs[k][1].float() for k in fast]
+            parts += [torch.stack(torch._foreach_norm(x, p)) for x, p in ((a, 1), (b, 1), (a, float("inf")))]
+            parts.append(torch.stack(torch._foreach_norm(torch._foreach_sub(a, b), float("inf"))))
+        if rest:
+            parts.append(torch.stack([same_mask(*pairs[k]).all() for k in rest]).float())
+        v = torch.cat(parts).tolist()
+        n = len(fast)
+        eq = v[4 * n:]
+        for i, k in enumerate(fast):
+            sum_a, sum_b, mag, d = v[i], v[n + i], v[2 * n + i], v[3 * n + i]
+            if math.isfinite(sum_a) and math.isfinite(sum_b):
+                out[k] = Summary(True) if d == 0 else Summary(False, True, max_abs=d, magnitude=mag)
+            else:
+                rest.append(k)
+                eq.append(None)  # not known: read with the statistics
     else:
-        eq = [same(*pairs[k]) for k in keys]
+        eq = [same(*pairs[k]) for k in rest]
     floats = []
-    for k, e in zip(keys, eq):
+    for k, e in zip(rest, eq):
         out[k] = Summary(bool(e))
         if not e and pairs[k][0].is_floating_point():
             floats.append(k)
@@ -196,10 +231,11 @@ def summaries(pairs: dict, stacked: bool | None = None) -> dict:
         d = torch.where(fa & fb, (a.float() - b.float()).abs(), 0.0)
         m = a.float().abs()
         m = torch.where(torch.isfinite(m), m, 0.0)
-        rows.append(torch.stack([(~fa & fb).any().float(), (fa & ~fb).any().float(),
-                                 (~fa & ~fb & ~same_mask(a, b)).any().float(), d.max(), m.max()]))
-    for k, (oa, ob, both, d, m) in zip(floats, torch.stack(rows).tolist()):
-        out[k] = Summary(False, True, bool(oa), bool(ob), bool(both), d, m)
+        s = same_mask(a, b)
+        rows.append(torch.stack([s.all().float(), (~fa & fb).any().float(), (fa & ~fb).any().float(),
+                                 (~fa & ~fb & ~s).any().float(), d.max(), m.max()]))
+    for k, (e, oa, ob, both, d, m) in zip(floats, torch.stack(rows).tolist()):
+        out[k] = Summary(True) if e else Summary(False, True, bool(oa), bool(ob), bool(both), d, m)
     return out
 
 

@@ -71,12 +71,15 @@ def test_integer_difference_is_exact():
 @given(n=st.integers(0, 40), seed=st.integers(0, 9999), equal=st.booleans(),
        dtypes=st.lists(st.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64,
                                         torch.bool]), min_size=3, max_size=3),
-       odd=st.sampled_from(["none", "nan", "inf", "both", "shared", "shape"]), stacked=st.booleans())
-def test_summaries_are_the_per_tensor_functions_read_together(n, seed, equal, dtypes, odd, stacked):
-    """`compare.summaries` (what `oracle.corruption` reads in two transfers) gives, pair by pair,
-    what `same`, `nonfinite_side`, `max_abs` and `magnitude` give one read at a time, NaN and inf
-    on either side, empty tensors, integers, fp64 beside the pairs it runs together, and mismatched
-    shapes included."""
+       odd=st.sampled_from(["none", "nan", "inf", "both", "b-only", "shared", "shape", "subnormal", "zero-sign",
+                            "huge"]),
+       stacked=st.booleans())
+def test_summaries_are_the_per_tensor_functions_read_together(device, n, seed, equal, dtypes, odd, stacked):
+    """`compare.summaries` (what `oracle.corruption` reads in one or two transfers) gives, pair by
+    pair, what `same`, `nonfinite_side`, `max_abs` and `magnitude` give one read at a time, NaN and
+    inf on either side, empty tensors, integers, fp64 beside the pairs it runs together, mismatched
+    shapes, subnormals one step apart, +0.0 facing -0.0 and differences that overflow included; on
+    the suite's device (the stacked read is what a GPU runs)."""
     from repro.compare import magnitude, max_abs, nonfinite_side, same, summaries
     g = torch.Generator().manual_seed(seed)
     pairs = {}
@@ -84,16 +87,24 @@ def test_summaries_are_the_per_tensor_functions_read_together(n, seed, equal, dt
         dtype = dtypes[k]
         a = (torch.randn(n, 3, generator=g) * 4).to(dtype)
         b = a.clone() if equal and k != 1 else (torch.randn(n, 3, generator=g) * 4).to(dtype)
+        if a.is_floating_point() and n and odd in ("subnormal", "zero-sign", "huge"):
+            i = int(torch.randint(n, (1,), generator=g))
+            tiny = torch.finfo(dtype).smallest_normal * 2.0 ** -3  # subnormal in every float dtype here
+            x, y = {"subnormal": (tiny, 2 * tiny), "zero-sign": (0.0, -0.0),
+                    "huge": (torch.finfo(dtype).max, -torch.finfo(dtype).max)}[odd]
+            a[i, 0], b[i, 0] = x, y
         if a.is_floating_point() and n and odd in ("nan", "inf", "both"):
             i = int(torch.randint(n, (1,), generator=g))
             a[i, 0] = float("nan") if odd != "inf" else float("inf")
             (b if odd == "both" else a)[i, 1] = float("-inf")
+        if a.is_floating_point() and n and odd == "b-only":  # the second copy alone non-finite
+            b[int(torch.randint(n, (1,), generator=g)), 2] = float("nan")
         if a.is_floating_point() and n and odd == "shared":  # the same NaN and inf in both: not a side
             i = int(torch.randint(n, (1,), generator=g))
             a[i, :2] = b[i, :2] = torch.tensor([float("nan"), float("inf")])
         if odd == "shape" and k == 2:
             b = b[:-1] if n else b.reshape(0)
-        pairs[f"t{k}"] = (a, b)
+        pairs[f"t{k}"] = (a.to(device), b.to(device))
     got = summaries(pairs, stacked)  # both ways of reading `same`: one vector (a GPU), pair by pair (the CPU)
     names = ("reference", "eager")
     for k, (a, b) in pairs.items():
