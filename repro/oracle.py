@@ -98,8 +98,8 @@ def corruption(batch, ref: dict, other: dict, names: tuple, noise: dict | None =
     |d| above the calibrated bound (or above NOISE_FACTOR x the kernel's measured noise).
     `usage`: {tensor: the largest |d| / bound seen within it} is raised for every tensor compared
     (how close rounding comes to the bound: the bound's calibration, measured run by run). The
-    statistics of every tensor are read in two transfers (`compare.summaries`; `sums`: read by the
-    caller already, of these very pairs)."""
+    statistics of every tensor are read together (`compare.summaries`: one transfer on a device, a
+    second where a value is non-finite; `sums`: read by the caller already, of these very pairs)."""
     keys = ordered(ref)
     sums = sums if sums is not None else summaries({k: (ref[k], other[k]) for k in keys})
     for key in keys:
