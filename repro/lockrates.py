@@ -69,9 +69,11 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
     for island, mode in cases:
         for check in checks:
             for n in (every if check == "reference" and island != "moe" else (None,)):
+                before = host_us_per_op(provider.device, calls=500)
                 t0 = time.perf_counter()
                 r = run_checked(model, provider, island, mode, seq, check, n)
                 dt = time.perf_counter() - t0
+                after = host_us_per_op(provider.device, calls=500)
                 ph = r.phases
                 row = {"island": island, "mode": mode, "check": check, "reference_every": n,
                        "reference_steps": r.reference_steps, "steps": r.steps, "captures": r.captures,
@@ -79,6 +81,11 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
                        **{k: ph.get(k) for k in ("steady_steps", "steady_steps_per_s", "step_us", "timing",
                                                  "us_per_step", "fractions")}}
                 row["meets_target"] = (row["steady_steps_per_s"] or 0) >= TARGET_STEPS_PER_S
+                # the machine's host speed just before and after the row (it drifts within a run), and
+                # the step's cost in small-op times: steps/s x us/op is the machine; this is the code
+                row["host_us_range"] = [before, after]
+                row["host_us_per_op"] = us = round((before + after) / 2, 2)
+                row["op_times"] = round(1e6 / (row["steady_steps_per_s"] * us)) if row["steady_steps_per_s"] else None
                 out["cases"].append(row)
                 log(f"  lockstep {island:<8} {mode:<9} {_check_name(row):<12} {row['steady_steps_per_s']} steps/s "
                     f"steady, {row['run_steps_per_s']} with captures")
@@ -135,19 +142,22 @@ def _check_name(row: dict) -> str:
 
 def format_rates(r: dict) -> str:
     """The table `repro bench --lockstep-rates` prints."""
-    head = ("island", "mode", "check", "steps/s", "w/ captures", "eager", "replay", "compare", "weights",
-            "read", "prepare", "oracle")
+    head = ("island", "mode", "check", "steps/s", "w/ captures", "host us/op", "op-times", "eager", "replay",
+            "compare", "weights", "read", "prepare", "oracle")
     rows = [head]
     for c in r["cases"]:
         f = c["fractions"] or {}
         rows.append((c["island"], c["mode"], _check_name(c), str(c["steady_steps_per_s"]), str(c["run_steps_per_s"]),
+                     str(c.get("host_us_per_op")), str(c.get("op_times")),
                      *(f"{f.get(k) or 0:.0%}" for k in ("eager", "replay", "compare", "weights", "read", "prepare",
                                                           "oracle"))))
     widths = [max(len(x[i]) for x in rows) for i in range(len(head))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(x, widths)).rstrip() for x in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append(f"lockstep on {r['device']} ({r['provider']}), {r['steps']} steps a case; steps/s in steady state "
-                 f"(steps without a capture); time shares of a steady step ({r['cases'][0]['timing'] if r['cases'] else '-'})")
+                 f"(steps without a capture); host us/op: the machine's speed around the row; op-times: a steady "
+                 f"step in small-op times (comparable across machines where a step is host-bound: a GPU); time "
+                 f"shares of a steady step ({r['cases'][0]['timing'] if r['cases'] else '-'})")
     if "hunt" in r:
         lines.append(f"hunt: {r['hunt']['examples_per_s']} examples/s ({r['hunt']['examples']} examples)")
     if r.get("host_us_per_op") is not None:

@@ -194,6 +194,23 @@ def test_lockstep_rates_at_several_cadences_of_the_third_copy(model):
     assert "reference/4" in table and "reference/1" in table
 
 
+def test_each_lockstep_row_carries_the_host_speed_around_it_and_its_cost_in_small_op_times(model):
+    """The host speed drifts within one run (6.4 to 11.9 us a small op in one GPU call), so each row
+    measures it just before and just after itself; a row's `op_times` (1e6 / (steady steps/s x us
+    per small op)) is the step's cost in small-op times: for a host-bound step, the same figure on a
+    fast and a slow machine."""
+    from repro.graphs import make_provider
+    from repro.lockrates import format_rates, lockstep_rates
+    r = lockstep_rates(model, make_provider("cpu"), steps=6, examples=0, checks=("device",),
+                       cases=(("chain", "full"), ("moe", "piecewise")))
+    for c in r["cases"]:
+        lo, hi = c["host_us_range"]
+        assert 0 < lo and 0 < hi and c["host_us_per_op"] == round((lo + hi) / 2, 2)
+        assert c["op_times"] == round(1e6 / (c["steady_steps_per_s"] * c["host_us_per_op"]))
+    head = format_rates(r).splitlines()[0]
+    assert "host us/op" in head and "op-times" in head
+
+
 def test_cli_lockstep_rates_in_the_json(tiny_path, tmp_path):
     out = tmp_path / "b.json"
     assert main(["bench", "--device", "cpu", "--model", tiny_path, "--island", "gdn_core", "--batches", "1",
