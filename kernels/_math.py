@@ -36,8 +36,8 @@ def tree_sum(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> torch.Ten
     if p != n:
         x = torch.nn.functional.pad(x, (0, p - n))  # adding zeros is exact
     while x.shape[-1] > 1:
-        h = x.shape[-1] // 2
-        x = x[..., :h] + x[..., h:]
+        low, high = x.split(x.shape[-1] // 2, -1)  # x[..., :h] and x[..., h:] in one call (host time)
+        x = low + high
     out = x[..., 0]
     if keepdim:
         out = out.unsqueeze(-1).movedim(-1, dim)
