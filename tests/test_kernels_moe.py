@@ -170,3 +170,44 @@ def test_routed_reference_is_the_reference_bit_for_bit(T, E, top_k, quantized, t
     assert torch.equal(moe_reference_routed(*args), dense)
     with registry.using(moe="reference"), routed_on_host():  # as the third copy calls it
         assert torch.equal(moe(*args), dense)
+
+
+def _topk_by_argmax_rounds(probs, k):
+    """The reference's first formulation, kept as the oracle: k rounds of argmax (the first maximum),
+    each chosen entry set to -inf before the next round."""
+    remaining = probs.clone()
+    values, ids = [], []
+    for _ in range(k):
+        i = remaining.argmax(dim=-1, keepdim=True)
+        values.append(probs.gather(-1, i))
+        ids.append(i)
+        remaining = remaining.scatter(-1, i, float("-inf"))
+    return torch.cat(values, dim=-1), torch.cat(ids, dim=-1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(T=st.integers(1, 9), E=st.sampled_from([2, 8, 33, 256]), k=st.integers(1, 8), seed=st.integers(0, 9999),
+       odd=st.sampled_from(["none", "ties", "zeros", "nan", "all-nan"]))
+def test_top_k_is_k_rounds_of_argmax(device, T, E, k, seed, odd):
+    """`topk_lowest_index` (one stable sort) picks what k rounds of argmax pick, in the same order and
+    with the same values: ties to the lowest index, NaN first and in index order (as argmax does),
+    softmax outputs, exact zeros and whole rows of NaN included."""
+    from kernels.moe.reference import topk_lowest_index
+    k = min(k, E)
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(T, E, generator=g)
+    if odd == "ties":
+        logits = torch.randint(0, 3, (T, E), generator=g).float()  # many equal probabilities
+    probs = torch.softmax(logits, -1)
+    if odd == "zeros":
+        probs[:, ::2] = 0.0
+    if odd == "nan":
+        probs[0, torch.randint(E, (max(1, E // 4),), generator=g)] = float("nan")
+    if odd == "all-nan":
+        probs[-1] = float("nan")
+    probs = probs.to(device)
+    got_v, got_i = topk_lowest_index(probs, k)
+    want_v, want_i = _topk_by_argmax_rounds(probs, k)
+    assert torch.equal(got_i, want_i)
+    assert torch.equal(got_v.isnan(), want_v.isnan())
+    assert torch.equal(torch.nan_to_num(got_v), torch.nan_to_num(want_v))

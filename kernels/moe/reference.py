@@ -17,15 +17,11 @@ from kernels.w8a8_linear.reference import K_BLOCK, int8_matmul_exact
 
 
 def topk_lowest_index(probs: torch.Tensor, k: int):
-    """k rounds of argmax (which returns the first maximum): ties go to the lowest index."""
-    remaining = probs.clone()
-    values, ids = [], []
-    for _ in range(k):
-        i = remaining.argmax(dim=-1, keepdim=True)
-        values.append(probs.gather(-1, i))
-        ids.append(i)
-        remaining = remaining.scatter(-1, i, float("-inf"))
-    return torch.cat(values, dim=-1), torch.cat(ids, dim=-1)
+    """The k largest, largest first, ties to the lowest index: a stable descending sort keeps equal
+    values in index order (NaN counts as largest, as argmax takes it). The same picks as k rounds of
+    argmax (the test holds them together), in one sort instead of 3k small ops."""
+    ids = torch.sort(probs, dim=-1, descending=True, stable=True).indices[..., :k]
+    return probs.gather(-1, ids), ids
 
 
 _ROUTED = {"on": False}
