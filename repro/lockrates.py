@@ -5,7 +5,9 @@ Per case (the islands of `repro run` at baseline: `chain` piecewise and full, `s
 `submod1`, `gdn_core`, `moe`): one seeded sequence of `steps` scheduler steps (mixed prefills
 and decodes, up to 8 requests), run through the lockstep as `repro run` runs it, once with the
 device check (`check="device"`: one read per step, every state slot, every weight) and once with
-the previous host path (`check="host"`) for comparison. Reported: steps/s over the whole run
+the previous host path (`check="host"`) for comparison, and once `unchecked`: the two copies alone (eager
+and replay, one synchronisation a step, nothing compared), the floor a check sits on, so what the
+check itself costs is a difference of two rows of one run. Reported: steps/s over the whole run
 (captures included) and in steady state (steps that captured nothing), and where a steady step's
 time goes (`lockstep.Phases`: eager, replay, compare, weights, read, prepare, oracle, in us and
 as fractions of the step's wall time; device events on a GPU, so host phases overlap). The first
@@ -17,13 +19,16 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 TARGET_STEPS_PER_S = 300  # issue 19.4: every island, real dimensions, B <= 8, one H200
 CASES = (("chain", "piecewise"), ("chain", "full"), ("submod0", "piecewise"), ("submod1", "piecewise"),
          ("gdn_core", "full"), ("moe", "piecewise"))
 # "reference": the device check plus the independent third copy at its default cadence for the
 # device (`reference_copy`: every step on the CPU, every 16 on a GPU), or at each cadence asked
 # for (`every`): what the third copy costs.
-CHECKS = ("device", "host", "reference")
+# "unchecked": no check at all (`run_unchecked`), the floor the others are read against.
+CHECKS = ("device", "host", "reference", "unchecked")
 
 
 def run_checked(model, provider, island: str, mode: str, seq, check: str = "device", every: int | None = None):
@@ -36,6 +41,8 @@ def run_checked(model, provider, island: str, mode: str, seq, check: str = "devi
     from .lockstep import run_lockstep, run_moe_lockstep
     from .reference_copy import ReferenceCopy, default_every, independent_copy
     if island == "moe":  # the moe island has no third copy: its "reference" row is the device check
+        if check == "unchecked":
+            return run_unchecked(provider, seq.batches(), moe=model)
         return run_moe_lockstep(model, provider, seq.batches(), check="host" if check == "host" else "device")
     ref = None
     if check == "reference":
@@ -46,8 +53,57 @@ def run_checked(model, provider, island: str, mode: str, seq, check: str = "devi
     if island in ISLAND_MODES:
         opts = replace(opts, runner=replace(opts.runner,
                                             eager_families=opts.runner.eager_families | ISLAND_MODES[island][1]))
-    return run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=0), provider, seq.batches(),
-                        mode=mode, opts=opts, max_tokens=seq.max_tokens, check=check, reference=ref)
+    make = lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=0)  # noqa: E731
+    if check == "unchecked":
+        return run_unchecked(provider, seq.batches(), make, mode, opts, seq.max_tokens)
+    return run_lockstep(make, provider, seq.batches(), mode=mode, opts=opts, max_tokens=seq.max_tokens, check=check,
+                        reference=ref)
+
+
+def run_unchecked(provider, batches, make_copy=None, mode="piecewise", opts=None, max_tokens=64, moe=None):
+    """The lockstep's two copies with nothing checked: each step prepared, run through the eager and
+    the replay copy (built and captured as `Lockstep` / `run_moe_lockstep` build them; `moe`: the
+    model, for the moe island), the next step prepared, one synchronisation. No comparison, no state
+    snapshot for the oracle, no weight digest: the floor of a checked step on this machine. Timed by
+    the same `Phases` (eager, replay; prepare and read on the host)."""
+    from .lockstep import Lockstep, LockstepResult, Phases
+    if moe is not None:
+        from .islands.moe import MoEIsland
+        from .runner import PieceRunner
+        eager_island = MoEIsland(moe.cfg, moe.weights, moe.head)
+        runner = PieceRunner(MoEIsland(moe.cfg, moe.weights, moe.head), provider,
+                             max_tokens=max((b.num_tokens for b in batches), default=1))
+        ph = Phases(provider.device)
+
+        def eager(b):
+            with torch.inference_mode():
+                return eager_island(input_ids=b.ids(provider.device))
+        replay, graphs = (lambda b: runner.step(b.host_ids())), runner
+    else:
+        ls = Lockstep(make_copy, provider, mode, opts, max_tokens=max_tokens, check="host")
+        ph, eager, replay, graphs = ls.phases, ls.eager.step, ls.graph.step, ls.graph
+    for i, b in enumerate(batches):
+        ph.start()
+        captures = graphs.captures
+        t = time.perf_counter()
+        b.prepare()
+        ph.host("prepare", t)
+        eager(b)
+        ph.mark("eager")
+        replay(b)
+        ph.mark("replay")
+        if i + 1 < len(batches):
+            t = time.perf_counter()
+            batches[i + 1].prepare()
+            ph.host("prepare", t)
+        t = time.perf_counter()
+        provider.synchronize()
+        ph.host("read", t)
+        ph.stop(steady=graphs.captures == captures)
+        b.release()
+    n = max(len(batches), 1)
+    return LockstepResult(len(batches), None, [], ph.us["eager"] / n, ph.us["replay"] / n, graphs.replays,
+                          graphs.captures, {}, ph.to_json())
 
 
 def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: int = 0, checks=CHECKS,
@@ -65,7 +121,7 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
                  "steps": steps, "target_steps_per_s": TARGET_STEPS_PER_S,
                  "host_us_per_op": host_us_per_op(provider.device), "cases": []}
     if cases:  # compile and autotune every kernel the sequence needs before the first timed case
-        run_checked(model, provider, *cases[0], seq, checks[0] if checks else "device")
+        run_checked(model, provider, *cases[0], seq, "device" if "device" in checks or not checks else checks[0])
     for island, mode in cases:
         for check in checks:
             for n in (every if check == "reference" and island != "moe" else (None,)):
@@ -140,15 +196,26 @@ def _check_name(row: dict) -> str:
     return f"{row['check']}/{n}" if n is not None else row["check"]
 
 
+def _check_cost(row: dict, cases: list) -> str:
+    """What a checked row's check adds to the two copies alone: its op-times less those of its case's
+    unchecked row (`+N`), "-" where either is missing (or for the unchecked row itself)."""
+    floor = next((c.get("op_times") for c in cases if c["check"] == "unchecked"
+                  and (c["island"], c["mode"]) == (row["island"], row["mode"])), None)
+    if row["check"] == "unchecked" or floor is None or row.get("op_times") is None:
+        return "-"
+    return f"{row['op_times'] - floor:+d}"
+
+
 def format_rates(r: dict) -> str:
     """The table `repro bench --lockstep-rates` prints."""
-    head = ("island", "mode", "check", "steps/s", "w/ captures", "host us/op", "op-times", "eager", "replay",
+    head = ("island", "mode", "check", "steps/s", "w/ captures", "host us/op", "op-times", "check cost", "eager",
+            "replay",
             "compare", "weights", "read", "prepare", "oracle")
     rows = [head]
     for c in r["cases"]:
         f = c["fractions"] or {}
         rows.append((c["island"], c["mode"], _check_name(c), str(c["steady_steps_per_s"]), str(c["run_steps_per_s"]),
-                     str(c.get("host_us_per_op")), str(c.get("op_times")),
+                     str(c.get("host_us_per_op")), str(c.get("op_times")), _check_cost(c, r["cases"]),
                      *(f"{f.get(k) or 0:.0%}" for k in ("eager", "replay", "compare", "weights", "read", "prepare",
                                                           "oracle"))))
     widths = [max(len(x[i]) for x in rows) for i in range(len(head))]
@@ -156,7 +223,8 @@ def format_rates(r: dict) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append(f"lockstep on {r['device']} ({r['provider']}), {r['steps']} steps a case; steps/s in steady state "
                  f"(steps without a capture); host us/op: the machine's speed around the row; op-times: a steady "
-                 f"step in small-op times (comparable across machines where a step is host-bound: a GPU); time "
+                 f"step in small-op times (comparable across machines where a step is host-bound: a GPU); check cost: "
+                 f"op-times over the case's unchecked row (the two copies alone, nothing compared); time "
                  f"shares of a steady step ({r['cases'][0]['timing'] if r['cases'] else '-'})")
     if "hunt" in r:
         lines.append(f"hunt: {r['hunt']['examples_per_s']} examples/s ({r['hunt']['examples']} examples)")

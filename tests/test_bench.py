@@ -167,7 +167,9 @@ def test_lockstep_rates_structure(model):
                        cases=(("chain", "full"), ("moe", "piecewise")))
     assert [(c["island"], c["mode"], c["check"]) for c in r["cases"]] == [
         ("chain", "full", "device"), ("chain", "full", "host"), ("chain", "full", "reference"),
-        ("moe", "piecewise", "device"), ("moe", "piecewise", "host"), ("moe", "piecewise", "reference")]
+        ("chain", "full", "unchecked"),
+        ("moe", "piecewise", "device"), ("moe", "piecewise", "host"), ("moe", "piecewise", "reference"),
+        ("moe", "piecewise", "unchecked")]
     for c in r["cases"]:
         assert c["steps"] == 8 and not c["diverged"] and c["run_steps_per_s"] > 0
         assert set(c["fractions"]) == {"prepare", "eager", "replay", "compare", "weights", "read", "oracle",
@@ -209,6 +211,35 @@ def test_each_lockstep_row_carries_the_host_speed_around_it_and_its_cost_in_smal
         assert c["op_times"] == round(1e6 / (c["steady_steps_per_s"] * c["host_us_per_op"]))
     head = format_rates(r).splitlines()[0]
     assert "host us/op" in head and "op-times" in head
+
+
+def test_the_unchecked_row_is_the_floor_the_check_sits_on(model):
+    """`unchecked`: the same batches through the eager and the replay copy, one synchronisation a step
+    and nothing compared, so what the check itself costs is read off one run (a checked row's op-times
+    less its case's unchecked ones: the table's `check cost`). It runs the copies as the checked rows
+    do (the same steps, the same graph captures) and no check phase at all."""
+    from repro.graphs import make_provider
+    from repro.lockrates import format_rates, lockstep_rates
+    r = lockstep_rates(model, make_provider("cpu"), steps=7, examples=0, checks=("device", "unchecked"),
+                       cases=(("submod0", "piecewise"), ("moe", "piecewise")))
+    rows = {(c["island"], c["check"]): c for c in r["cases"]}
+    assert set(rows) == {("submod0", "device"), ("submod0", "unchecked"), ("moe", "device"), ("moe", "unchecked")}
+    for island in ("submod0", "moe"):
+        floor, checked = rows[(island, "unchecked")], rows[(island, "device")]
+        assert floor["steps"] == checked["steps"] == 7 and floor["captures"] == checked["captures"] > 0
+        assert not floor["diverged"] and floor["reference_steps"] == 0
+        us = floor["us_per_step"]
+        assert us["eager"] > 0 and us["replay"] > 0
+        assert us["compare"] == us["weights"] == us["oracle"] == us["reference"] == 0
+        assert checked["us_per_step"]["compare"] > 0
+    table = format_rates(r)
+    assert "unchecked" in table
+    lines = table.splitlines()
+    col = lines[0].index("check cost")
+    want = rows[("submod0", "device")]["op_times"] - rows[("submod0", "unchecked")]["op_times"]
+    cost = {tuple(x.split()[:3]): x[col:].split()[0] for x in lines[2:] if x.startswith(("submod0", "moe"))}
+    assert cost[("submod0", "piecewise", "device")] == f"{want:+d}"
+    assert cost[("submod0", "piecewise", "unchecked")] == "-"
 
 
 def test_cli_lockstep_rates_in_the_json(tiny_path, tmp_path):
