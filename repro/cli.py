@@ -401,8 +401,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--json", help="write results here")
     s.add_argument("--plot", help="write a PNG of replay/eager and replay/floor here (needs matplotlib)")
     s.add_argument("--lockstep-rates", action="store_true",
-                   help="also: checked lockstep steps/s per island (whole-state and weight checks on) and hunt "
-                        "examples/s at this checkpoint and device, and where a step's time goes")
+                   help="also: checked lockstep steps/s per island (whole-state and weight checks on), the two "
+                        "copies with nothing checked (the floor), hunt examples/s at this checkpoint and device, "
+                        "and where a step's time goes")
     s.add_argument("--lockstep-steps", type=_count(1), default=400, help="steps a lockstep-rates case (default 400)")
     s.add_argument("--hunt-examples", type=_count(0), default=20, help="Hypothesis examples for the hunt rate")
     s.add_argument("--reference-every", type=_counts(1), default=None, metavar="N[,N...]",

@@ -66,13 +66,9 @@ def run_unchecked(provider, batches, make_copy=None, mode="piecewise", opts=None
     model, for the moe island), the next step prepared, one synchronisation. No comparison, no state
     snapshot for the oracle, no weight digest: the floor of a checked step on this machine. Timed by
     the same `Phases` (eager, replay; prepare and read on the host)."""
-    from .lockstep import Lockstep, LockstepResult, Phases
+    from .lockstep import Lockstep, LockstepResult, Phases, moe_copies
     if moe is not None:
-        from .islands.moe import MoEIsland
-        from .runner import PieceRunner
-        eager_island = MoEIsland(moe.cfg, moe.weights, moe.head)
-        runner = PieceRunner(MoEIsland(moe.cfg, moe.weights, moe.head), provider,
-                             max_tokens=max((b.num_tokens for b in batches), default=1))
+        eager_island, runner = moe_copies(moe, provider, batches)
         ph = Phases(provider.device)
 
         def eager(b):
@@ -209,8 +205,7 @@ def _check_cost(row: dict, cases: list) -> str:
 def format_rates(r: dict) -> str:
     """The table `repro bench --lockstep-rates` prints."""
     head = ("island", "mode", "check", "steps/s", "w/ captures", "host us/op", "op-times", "check cost", "eager",
-            "replay",
-            "compare", "weights", "read", "prepare", "oracle")
+            "replay", "compare", "weights", "read", "prepare", "oracle")
     rows = [head]
     for c in r["cases"]:
         f = c["fractions"] or {}

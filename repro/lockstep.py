@@ -409,16 +409,23 @@ def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise"
     return ls.result(ls.run(batches, progress))
 
 
+def moe_copies(model, provider, batches, sizes=None):
+    """The `moe` island's two copies: an eager island, and a `PieceRunner` graphing another per size."""
+    from .islands.moe import MoEIsland
+    eager = MoEIsland(model.cfg, model.weights, model.head)
+    runner = PieceRunner(MoEIsland(model.cfg, model.weights, model.head), provider, sizes or DEFAULT_SIZES,
+                         max_tokens=max((b.num_tokens for b in batches), default=1))
+    return eager, runner
+
+
 def run_moe_lockstep(model, provider, batches, sizes=None, progress=None, check: str = "device") -> LockstepResult:
     """The `moe` island alone: eager vs one graph per size, fed each step's token rows. A
     mismatch is classified on a probe island (exact and zero-padded eager runs). The outputs and
     the weights are checked on the device with one read per step, as in `Lockstep`."""
     from .islands.moe import MoEIsland
 
-    eager = MoEIsland(model.cfg, model.weights, model.head)
+    eager, runner = moe_copies(model, provider, batches, sizes)
     probe = IslandProbe(MoEIsland(model.cfg, model.weights, model.head), sizes or DEFAULT_SIZES)
-    runner = PieceRunner(MoEIsland(model.cfg, model.weights, model.head), provider, sizes or DEFAULT_SIZES,
-                         max_tokens=max((b.num_tokens for b in batches), default=1))
     sc = StepCheck(island_weights(eager) if check == "device" else {})
     ph = Phases(provider.device)
     kernel: dict = {}
