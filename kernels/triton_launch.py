@@ -5,7 +5,10 @@ skips Triton's Python launch path and calls the compiled kernel's C launcher dir
 The first call for a key takes the normal path (compiling / autotuning as before) and keeps what it
 returns, the `CompiledKernel` (for an `Autotuner`, with its `best_config`), under the key. A later
 call with the same key evaluates the grid and calls `compiled.run(...)` with the arguments Triton
-itself passes. Verified against the Triton 3.6.0 source only; anywhere else it is the normal path.
+itself passes, or, when `compiled.run` is 3.6's `CudaLauncher` with no scratch to allocate, its C
+launcher directly with what `CudaLauncher.__call__` would pass it, each plain tensor as its data
+pointer (the key read it already). Verified against the Triton 3.6.0 source only; anywhere else it
+is the normal path.
 
 What Triton 3.6 does (the facts this rests on):
 - `JITFunction.run`: `device = driver.active.get_current_device()`, `stream =
@@ -37,11 +40,20 @@ What Triton 3.6 does (the facts this rests on):
   `CudaLauncher.__call__` allocates the kernel's scratch itself. Both hooks default to empty
   `knobs.HookChain`s, whose call does nothing: passing None for the metadata and both hooks is the
   same launch.
+- `CudaLauncher.__call__(gx, gy, gz, stream, function, *rest)`: scratch buffers from its
+  allocators when `global_scratch_size` / `profile_scratch_size` > 0 (else None), then
+  `self.launch(gx, gy, gz, stream, function, launch_cooperative_grid, launch_pdl, global_scratch,
+  profile_scratch, *rest)`, `self.launch` being the compiled C launcher (wrapped only for tensor
+  descriptor parameters, none here). The C launcher's `getPointer` takes a Python int as the
+  address itself; for any other object it calls `data_ptr()` and checks the address with
+  `cuPointerGetAttribute` (a CPU tensor fails there): per tensor, a Python call and a driver call
+  that the direct call saves (issue 19: the copies' host path is most of a checked step). The key
+  holds `is_cuda` for every tensor, so a CPU tensor never reaches a cached entry.
 
 Why the key is exact: `launch_key` keys a positional int by its value (fixing == 1, & 15 and the
 range), a bool as (bool, value) (True == 1 in Python, not in Triton), a float as fp32 (its value
 is passed on, as Triton passes it; a float at a constexpr position is refused at the fill), None
-as None, a tensor by (dtype, data_ptr() % 16 == 0); other types raise `Unhandled` (normal path).
+as None, a tensor by (dtype, data_ptr() % 16 == 0, is_cuda); other types raise `Unhandled` (normal path).
 `meta` is keyed by its (name, value) pairs and their types: every constexpr, num_warps, num_stages
 by value. With the current device in the key, and debug / instrumentation_mode at their defaults
 (else normal path), equal keys give Triton the same specialization and options, so the same
@@ -79,6 +91,10 @@ if VERIFIED:
     from triton.compiler.compiler import CompiledKernel
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.driver import driver
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+    except ImportError:  # a wheel without the NVIDIA backend: never the direct call
+        CudaLauncher = None
     from triton.runtime.jit import JITFunction
     _ENTER, _EXIT = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook  # 3.6's default empty chains
 
@@ -102,7 +118,7 @@ def _scalar(a):
     if a is None:
         return None
     if isinstance(a, _Tensor):  # a subclass (nn.Parameter): Triton reads it as a tensor too
-        return (a.dtype, a.data_ptr() % 16 == 0)
+        return (a.dtype, a.data_ptr() % 16 == 0, a.is_cuda)
     raise Unhandled(t.__name__)
 
 
@@ -110,8 +126,13 @@ def launch_key(args, meta) -> tuple:
     """The key of a launch's positional `args` and keyword `meta` (see the module docstring): one
     entry per positional argument (never a (str, ...) pair), then meta's (name, value) pairs, then
     their types."""
-    k = [a if (t := type(a)) is int else (a.dtype, a.data_ptr() % 16 == 0) if t is _Tensor else
-         float if t is float else _scalar(a) for a in args]
+    return _key(args, [a.data_ptr() if type(a) is _Tensor else a for a in args], meta)
+
+
+def _key(args, ptrs, meta) -> tuple:
+    """`launch_key`, given `ptrs`: `args` with every plain tensor replaced by its data pointer."""
+    k = [p if (t := type(a)) is int else (a.dtype, p % 16 == 0, a.is_cuda) if t is _Tensor else
+         float if t is float else _scalar(a) for a, p in zip(args, ptrs)]
     k += meta.items()
     k += map(type, meta.values())
     return tuple(k)
@@ -131,7 +152,8 @@ def launch(kernel, grid, *args, **meta):
     drv = driver.active
     device = drv.get_current_device()
     try:
-        key = (device, launch_key(args, meta))
+        ptrs = [a.data_ptr() if type(a) is _Tensor else a for a in args]
+        key = (device, _key(args, ptrs, meta))
         hit = slot[1].get(key)
     except Exception:  # an unhandled argument type, an unhashable meta value
         return kernel[grid](*args, **meta)
@@ -139,15 +161,18 @@ def launch(kernel, grid, *args, **meta):
         compiled = kernel[grid](*args, **meta)
         _fill(kernel, slot[1], key, args, meta, compiled)
         return compiled
-    compiled, run, fn, names, tail = hit
+    compiled, run, fn, names, tail, direct = hit
     if fn.pre_run_hooks:
         return kernel[grid](*args, **meta)
-    full = args + tail
     if callable(grid):
-        grid = grid(dict(zip(names, full)))
+        grid = grid(dict(zip(names, args + tail)))
     n = len(grid)
-    run(grid[0], grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, drv.get_current_stream(device),
-        compiled.function, compiled.packed_metadata, None, None, None, *full)
+    g1, g2, stream = grid[1] if n > 1 else 1, grid[2] if n > 2 else 1, drv.get_current_stream(device)
+    if direct is None:
+        run(grid[0], g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *tail)
+    else:  # what `CudaLauncher.__call__` passes its C launcher, tensors as their data pointers
+        direct[0](grid[0], g1, g2, stream, compiled.function, direct[1], direct[2], None, None,
+                  compiled.packed_metadata, None, None, None, *ptrs, *tail)
     stats["hits"] += 1
     return compiled
 
@@ -172,8 +197,11 @@ def _fill(kernel, cache, key, args, meta, compiled) -> None:
             driver.active.get_current_target().backend != "cuda":
         return
     if len(cache) < CAP:
-        cache[key] = (compiled, compiled.run, fn, fn.arg_names,
-                      tuple(full_meta[n] for n in fn.arg_names[len(args):]))
+        run = compiled.run
+        direct = None
+        if type(run) is CudaLauncher and not run.global_scratch_size and not run.profile_scratch_size:
+            direct = (run.launch, run.launch_cooperative_grid, run.launch_pdl)
+        cache[key] = (compiled, run, fn, fn.arg_names, tuple(full_meta[n] for n in fn.arg_names[len(args):]), direct)
         stats["fills"] += 1
 
 

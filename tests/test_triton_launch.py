@@ -211,10 +211,12 @@ if RIG:
 
 class _Rig:
     """Stand-in driver (device 0, a stream number, an sm90 target) and compiler (a real
-    CompiledKernel whose launcher records its arguments) under the real 3.6 launch path."""
+    CompiledKernel whose launcher, 3.6's real `CudaLauncher` around a recording C launcher,
+    records what it is called with) under the real 3.6 launch path. `scratch`: the global scratch
+    size of the launchers compiled next."""
 
     def __init__(self):
-        self.calls, self.n, self.device, self.stream = [], 0, 0, 5000
+        self.calls, self.raw, self.n, self.device, self.stream, self.scratch = [], [], 0, 0, 5000, 0
 
     def get_current_device(self):
         return self.device
@@ -226,12 +228,23 @@ class _Rig:
         return GPUTarget("cuda", 90, 32)
 
     def compile(self, src, target=None, options=None):
+        from triton.backends.nvidia.driver import CudaLauncher
         src.hash()  # as `compile` does: computes the function's cache_key (and its used_global_vals)
         ck = CompiledKernel.__new__(CompiledKernel)
         self.n += 1
         ck.module, ck.function, ck.packed_metadata = object(), 1000 + self.n, (options["num_warps"], 1, 0)
         ck.name, ck.src, ck.hash = src.fn.__name__, src, str(self.n)
-        ck._run = lambda *a, _ck=ck: self.calls.append((_ck,) + a)
+        run = object.__new__(CudaLauncher)  # its own __call__, a recording C launcher
+        run.num_ctas, run.global_scratch_size, run.global_scratch_align = 1, self.scratch, 16
+        run.profile_scratch_size, run.profile_scratch_align = 0, 1
+        run.launch_cooperative_grid, run.launch_pdl = self.n % 2 == 0, self.n % 3 == 0  # passed through as they are
+
+        def c_launch(gx, gy, gz, stream, function, coop, pdl, scratch, profile, *rest, _ck=ck, _run=run):
+            assert (coop, pdl, profile) == (_run.launch_cooperative_grid, _run.launch_pdl, None)
+            self.raw.append((_ck, scratch))
+            self.calls.append((_ck, gx, gy, gz, stream, function) + rest)
+        run.launch = c_launch
+        ck._run = run
         return ck
 
     def jit(self, fn):
@@ -265,7 +278,10 @@ def _same_launch(normal, fast):
     assert all(type(h) is HookChain and not h.calls for h in normal[8:10])
     assert len(fast) == len(normal)
     for a, b in zip(fast[10:], normal[10:]):
-        assert a is b or (type(a) is type(b) and a == b and str(a) == str(b)), (a, b)
+        if type(b) is torch.Tensor:  # the direct call passes a plain tensor as its address
+            assert type(a) is int and a == b.data_ptr(), (a, b)
+        else:
+            assert a is b or (type(a) is type(b) and a == b and str(a) == str(b)), (a, b)
 
 
 def _plain_args(rng):
@@ -402,9 +418,48 @@ def test_refused_fills(rig):
     assert g.used_global_vals and TL.cached(g) == 0 and TL.stats["hits"] == 0
 
 
+@needs_rig
+def test_a_kernel_with_scratch_keeps_tritons_launcher(rig):
+    """A launcher that allocates global scratch per launch is called as Triton calls it (its own
+    `__call__`, which allocates), never directly: each hit gets a fresh scratch buffer."""
+    import triton.runtime._allocation as alloc
+    got = []
+
+    class Allocator:  # Triton's allocator protocol: alloc_fn(size, align, stream)
+        def __call__(self, size, align, stream):
+            got.append((size, align, stream))
+            return 7000 + len(got)
+    rig.scratch = 32
+    k = rig.jit(_plain)
+    x = torch.zeros(64)
+    token = alloc._allocator.set(Allocator())  # what `triton.set_allocator` does
+    try:
+        for _ in range(3):
+            TL.launch(k, (2, 3), x, x, 16, 3, 1.5, FLAG=True, B=16)
+    finally:
+        alloc._allocator.reset(token)
+    assert TL.cached(k) == 1 and TL.stats["hits"] == 2
+    assert [s for _, s in rig.raw] == [7001, 7002, 7003] and got[-1] == (2 * 3 * 32, 16, 5000)
+    assert all(type(a) is torch.Tensor for a in rig.calls[-1][10:12])  # Triton's own arguments
+
+
+def test_a_cpu_tensor_never_shares_a_key_with_a_cuda_one():
+    """Cached launches pass addresses, which no longer go through the C launcher's check that a
+    pointer is device memory: the key tells a CPU tensor from a CUDA one."""
+    x = torch.zeros(64)
+    cuda_like = _key(x)
+    assert cuda_like[0][2] is False  # CPU tensor
+    if torch.cuda.is_available():
+        assert _key(x.cuda()) != cuda_like
+
+
 def _like(a, b):
     """Launcher arguments of two calls agree: tensors (fresh outputs each call) by dtype, shape,
-    strides and 16-byte alignment, the rest by type and value."""
+    strides and 16-byte alignment (a cached call's address, `a`, by its alignment: the kernel,
+    the same compiled one, fixes the dtype, and shapes and strides are arguments of their own),
+    the rest by type and value."""
+    if type(b) is torch.Tensor and type(a) is int:
+        return a % 16 == b.data_ptr() % 16
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.shape, a.stride(), a.data_ptr() % 16) == (b.dtype, b.shape, b.stride(), b.data_ptr() % 16)
     return type(a) is type(b) and a == b
