@@ -1,8 +1,10 @@
 """Host microseconds per call of one op on the decode path, layer by layer: the `repro::` op (a
 `torch.library.custom_op` before `kernels/_library.py`, a plain `Library` definition since), the
+islands' call of it (`kernels._library.namespace`: the body without the dispatcher), the
 same body behind a plain `torch.library.Library` op of this tool's own, the provider function (which
 launches through `kernels.triton_launch.launch`), Triton's `kernel[grid](...)`, the launch cache's
-`launch(...)` (a cache hit), and the compiled kernel's own launcher; then the same three for the
+`launch(...)` (a cache hit), the compiled kernel's own launcher, and its C launcher called with
+addresses (what a cache hit calls); then the same three for the
 autotuned W8A8 decode GEMV (`_w8a8_rows_kernel`, one row); then a step's output flags, per tensor and in
 one kernel (`repro/outflags.py`), with the read that synchronises. A GPU figure for issue 19 (where an
 eager step's host time goes); not a test. The last line gives the launch cache's hit count: 0
@@ -83,6 +85,9 @@ def main() -> int:
     rows = []
     with registry.using(rms_norm="triton"), torch.inference_mode():
         rows.append(("torch.ops.repro.rms_norm", per_call(lambda: torch.ops.repro.rms_norm(x, w, 1e-6), a.n)))
+        from kernels._library import namespace
+        rows.append(("the islands' call (namespace: the body, direct)",
+                     per_call(lambda: namespace.rms_norm(x, w, 1e-6), a.n)))
         rows.append(("torch.ops.launch_cost.rms_norm (Library)",
                      per_call(lambda: torch.ops.launch_cost.rms_norm(x, w, 1e-6), a.n)))
         rows.append(("provider function (kernels.norms.triton)",
@@ -95,6 +100,15 @@ def main() -> int:
             rows.append(("CompiledKernel.run (the C launcher)", per_call(raw, a.n)))
         except Exception as e:  # the launcher's signature is Triton's internal API
             print(f"CompiledKernel.run: {type(e).__name__}: {e}")
+        try:
+            r = compiled.run
+            ptrs = tuple(t.data_ptr() if isinstance(t, torch.Tensor) else t for t in full)
+            rows.append(("its C launcher, addresses (a cache hit's call)",
+                         per_call(lambda: r.launch(1, 1, 1, stream, compiled.function, r.launch_cooperative_grid,
+                                                   r.launch_pdl, None, None, compiled.packed_metadata, None, None,
+                                                   None, *ptrs), a.n)))
+        except Exception as e:
+            print(f"C launcher: {type(e).__name__}: {e}")
         rows.append(("w8a8 provider function (autotuned rows GEMV)",
                      per_call(lambda: kw.w8a8_linear(xq, words.view(torch.int8), ws, None), a.n)))
         rows.append(("w8a8 rows: kernel[grid](...) (autotuned)",
