@@ -20,9 +20,10 @@ gradients off (`inference_mode` / `no_grad`: the autograd keys would only pass t
 positional arguments only, each a plain `torch.Tensor` that is not a meta tensor, or a Python
 scalar or None. The body is then called with the arguments as given: the same function the
 dispatcher would reach, the same tensors in and out. Saved: the dispatcher's boxing of every
-argument and result, ~9 us of host time a call on the H200 machine (`ops.rms_norm` 52.5 us
-against its body's 42.9, `docs/h200/copyprof-stop33.txt`), about a dozen calls in each copy's
-eager step (issue 19: the copies' host path is most of a checked step). `torch.ops.repro.<name>`
+argument and result, 2-10 us of host time a call on the H200 machines lent here (`ops.rms_norm`
+52.5 us against its body's 42.9 on one, `docs/h200/copyprof-stop33.txt`; 34.0 against 31.8 on
+another, `launch-cost-stop33.txt`), about a dozen calls in each copy's eager step (issue 19: the
+copies' host path is most of a checked step). `torch.ops.repro.<name>`
 itself always dispatches.
 """
 from __future__ import annotations
