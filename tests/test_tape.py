@@ -120,6 +120,26 @@ def test_a_custom_op_is_recorded_as_the_aten_ops_of_its_body():
     assert names and all(n.startswith("aten.") for n in names), names
 
 
+def test_the_islands_direct_op_call_is_taped_as_the_dispatched_op():
+    """The islands call `kernels._library.namespace` ops, which skip the dispatcher only when no mode
+    is on: under the tape's capture (a dispatch mode) they record the kernels `torch.ops.repro`
+    records, and a replay computes what the dispatched op computes."""
+    from kernels._library import namespace
+    from repro.islands.base import ops
+    assert ops is namespace
+    p = TapeProvider()
+    x, w = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        g1, o1 = p.capture(lambda: ops.add_rms_norm(x, x, w, 1e-6), p.new_pool())
+        g2, o2 = p.capture(lambda: torch.ops.repro.add_rms_norm(x, x, w, 1e-6), p.new_pool())
+        assert g1.kernel_names() == g2.kernel_names() and g1.kernel_names()
+        x.copy_(torch.randn(3, 16, dtype=torch.bfloat16))
+        g1.replay()
+        g2.replay()
+        want = torch.ops.repro.add_rms_norm(x, x, w, 1e-6)
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(o1, o2, want))
+
+
 def test_a_refusal_reads_like_a_cuda_capture_failure():
     from repro.graphs.refusals import SYNC_PHRASE, capture_refusal
     p = TapeProvider()
