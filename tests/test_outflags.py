@@ -1,7 +1,10 @@
 """The step's output flags in one kernel (`repro/outflags.py`) say exactly what the per-tensor
 flags say (`stepcheck.differs`), for every dtype, shape and single-bit change, and pairs the kernel
 cannot take keep the per-tensor path. On a CUDA GPU with Triton; on the CPU only under Triton's
-interpreter (TRITON_INTERPRET=1 with triton importable), where the same kernel runs on CPU tensors."""
+interpreter (TRITON_INTERPRET=1 with triton importable), where the same kernel runs on CPU tensors,
+but not with triton 3.6 and numpy 2.4 (the interpreter takes the kernel's loop bound, a loaded value,
+with `int()` of a one-element array, which numpy 2.4 refuses: three tests fail there, checked
+2026-12-02), so the GPU is where these run."""
 import importlib.util
 import os
 
