@@ -83,6 +83,7 @@ class Phases:
         self.wall = self.steady_wall = 0.0
         self.steps = self.steady_steps = 0
         self._marks: list = []
+        self._pool: list = []  # events made once and recorded again each step (a new one costs host time)
         self._step: dict = {}
 
     def start(self) -> None:
@@ -91,7 +92,12 @@ class Phases:
         self._marks = [(None, self._event())] if self.events else []
 
     def _event(self):
-        ev = self.Event(enable_timing=True)
+        """The step's next event, recorded now. Safe to record again: `stop` comes after the step's
+        read, which synchronises, so every event of the last step has completed."""
+        i = len(self._marks)
+        if i == len(self._pool):
+            self._pool.append(self.Event(enable_timing=True))
+        ev = self._pool[i]
         ev.record()
         return ev
 
