@@ -193,23 +193,26 @@ class StepCheck:
         known = []  # output keys whose shape or dtype differ: known on the host
         flags = []
         fast = self._fast(out_a[order[0]].device) if order and not self._unread else None
-        group = []  # keys flagged by the one kernel
+        group, rows = [], []  # keys flagged by the one kernel, their table rows
         for key in order:
             a, b = out_a[key], out_b[key]
             if a.shape != b.shape or a.dtype != b.dtype:
                 known.append(key)
-            elif not a.numel():
                 continue
-            elif fast is not None and len(group) < outflags.MAX and a.device == fast.device and \
-                    outflags.eligible(a, b):
+            if not a.numel():
+                continue
+            row = outflags.entry(a, b) if fast is not None and len(group) < outflags.MAX and \
+                a.device == fast.device else None
+            if row is not None:
                 group.append(key)
+                rows.append(row)
             else:
                 flags.append(differs(a, b))
                 layout.append(("out", key))
         if flags:
             parts.append(torch.stack(flags))
         if group:
-            parts.append(fast([(out_a[k], out_b[k]) for k in group]))
+            parts.append(fast(rows))
             layout.append(("outs", group))
             self._unread = True
         if state_a:
