@@ -24,14 +24,20 @@ def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, H, sx, so, eps, BH: tl.constexpr):
     tl.store(o_ptr + row * so + offs, ((x * r) * (1.0 + w)).to(o_ptr.dtype.element_ty), mask=m)
 
 
+def _rows(x):
+    """`x` as contiguous rows [N, H]: `x` itself when it already is (the wrappers' host time is
+    most of a small op's: issue 19), else a reshaped (and if need be copied) view."""
+    return x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, x.shape[-1]).contiguous()
+
+
 def rms_norm(x, w, eps):
     H = x.shape[-1]
-    x2 = x.reshape(-1, H).contiguous()
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    x2 = _rows(x)
+    out = torch.empty_like(x2)  # contiguous, as x2 is
     if x2.shape[0]:
         launch(_rms_norm_kernel, (x2.shape[0],), x2, w, out, H, x2.stride(0), out.stride(0), float(eps), BH=_np2(H),
                num_warps=4 if H >= 1024 else 1)
-    return out.reshape(x.shape)
+    return out if x2 is x else out.reshape(x.shape)
 
 
 @triton.jit
@@ -52,13 +58,12 @@ def _add_rms_norm_kernel(x_ptr, y_ptr, w_ptr, h_ptr, o_ptr, H, sx, sy, sh, so, e
 
 def add_rms_norm(x, y, w, eps):
     H = x.shape[-1]
-    x2, y2 = x.reshape(-1, H).contiguous(), y.reshape(-1, H).contiguous()
-    h = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    x2, y2 = _rows(x), _rows(y)
+    h, out = torch.empty_like(x2), torch.empty_like(x2)
     if x2.shape[0]:
         launch(_add_rms_norm_kernel, (x2.shape[0],), x2, y2, w, h, out, H, x2.stride(0), y2.stride(0), h.stride(0),
                out.stride(0), float(eps), BH=_np2(H), num_warps=4 if H >= 1024 else 1)
-    return h.reshape(x.shape), out.reshape(x.shape)
+    return (h, out) if x2 is x else (h.reshape(x.shape), out.reshape(x.shape))
 
 
 @triton.jit
