@@ -109,11 +109,6 @@ def _rows(t: torch.Tensor):
     return (row // 4, t.shape[0], row // 4) if row % 4 == 0 else None
 
 
-def eligible(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """The kernel can take the pair (`entry`)."""
-    return entry(a, b) is not None
-
-
 class OutputFlags:
     """The table, its pinned host copy and the flag buffer of one device, reused every call."""
 
