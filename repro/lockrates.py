@@ -221,11 +221,35 @@ def format_rates(r: dict) -> str:
                  f"step in small-op times (comparable across machines where a step is host-bound: a GPU); check cost: "
                  f"op-times over the case's unchecked row (the two copies alone, nothing compared); time "
                  f"shares of a steady step ({r['cases'][0]['timing'] if r['cases'] else '-'})")
+    target = target_line(r)
+    if target:
+        lines.append(target)
     if "hunt" in r:
         lines.append(f"hunt: {r['hunt']['examples_per_s']} examples/s ({r['hunt']['examples']} examples)")
     if r.get("host_us_per_op") is not None:
         lines.append(f"host speed: {r['host_us_per_op']} us per small op call (compare machines by it)")
     return "\n".join(lines)
+
+
+def target_line(r: dict) -> str | None:
+    """Issue 19.4 in one line: which checked rows (the device check, alone or with the third copy)
+    reach `TARGET_STEPS_PER_S`, and the slowest host, in us a small op, on which the row with the
+    most op-times still would (a host-bound step's op-times carry across machines). None without
+    such rows. The target is stated for real dimensions on one H200: on the CPU tape the line only
+    reads the figures against it."""
+    rows = [c for c in r["cases"] if c["check"] in ("device", "reference") and c.get("op_times")]
+    if not rows:
+        return None
+    below = [c for c in rows if not c["meets_target"]]
+    worst = max(rows, key=lambda c: c["op_times"])
+    line = (f"target {TARGET_STEPS_PER_S} checked steps/s (issue 19.4): met by {len(rows) - len(below)} of "
+            f"{len(rows)} checked rows")
+    if below:
+        line += "; below: " + ", ".join(f"{c['island']} {c['mode']} {_check_name(c)} {c['steady_steps_per_s']}"
+                                        for c in below)
+    return (line + f"; the most op-times, {worst['op_times']} ({worst['island']} {worst['mode']} "
+            f"{_check_name(worst)}), reach it on hosts up to {1e6 / (TARGET_STEPS_PER_S * worst['op_times']):.1f} us "
+            f"a small op")
 
 
 # --------------------------------------------------------------------------- CPU tiny rates

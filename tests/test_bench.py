@@ -268,3 +268,29 @@ def test_cli_reference_cadences_in_the_json_and_bad_ones_refused(tiny_path, tmp_
         assert main(args + ["--reference-every", bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--reference-every" in err[0], err
+
+
+def _rate_row(island, check, steps_per_s, us, every=None):
+    return {"island": island, "mode": "piecewise", "check": check, "reference_every": every,
+            "steady_steps_per_s": steps_per_s, "run_steps_per_s": steps_per_s, "host_us_per_op": us,
+            "op_times": round(1e6 / (steps_per_s * us)), "meets_target": steps_per_s >= 300,
+            "fractions": {}, "timing": "device events"}
+
+
+def test_the_rates_table_says_whether_the_target_holds_and_on_which_hosts():
+    """Issue 19.4 at a glance: the checked rows (device check, and with the third copy) below 300
+    steps/s by name, and the slowest host (us a small op) on which the row with the most op-times
+    would still reach 300; host-check and unchecked rows do not count."""
+    from repro.lockrates import format_rates, target_line
+    rows = [_rate_row("submod0", "device", 500.0, 6.0), _rate_row("submod0", "reference", 345.0, 8.5, 16),
+            _rate_row("submod0", "host", 200.0, 6.2), _rate_row("submod0", "unchecked", 280.0, 6.2)]
+    r = {"cases": rows, "device": "GPU", "provider": "cuda", "steps": 200}
+    line = target_line(r)
+    assert "met by 2 of 2 checked rows" in line and "below" not in line
+    # the reference row has the most op-times (341): 300 steps/s needs a host of 1e6 / (300 * 341) us
+    assert "submod0 piecewise reference/16" in line and f"{1e6 / (300 * 341):.1f} us" in line
+    assert line in format_rates(r)
+    rows[0] = _rate_row("submod0", "device", 255.3, 9.37)
+    line = target_line(r)
+    assert "met by 1 of 2 checked rows" in line and "below: submod0 piecewise device 255.3" in line
+    assert target_line({"cases": [rows[2], rows[3]]}) is None
