@@ -278,19 +278,23 @@ def _rate_row(island, check, steps_per_s, us, every=None):
 
 
 def test_the_rates_table_says_whether_the_target_holds_and_on_which_hosts():
-    """Issue 19.4 at a glance: the checked rows (device check, and with the third copy) below 300
-    steps/s by name, and the slowest host (us a small op) on which the row with the most op-times
-    would still reach 300; host-check and unchecked rows do not count."""
+    """Issue 19.4 at a glance: the device-check rows below 300 steps/s by name, the slowest host (us
+    a small op) on which the one with the most op-times would still reach 300, and the same count
+    for the rows with the third copy; host-check and unchecked rows do not count."""
     from repro.lockrates import format_rates, target_line
-    rows = [_rate_row("submod0", "device", 500.0, 6.0), _rate_row("submod0", "reference", 345.0, 8.5, 16),
-            _rate_row("submod0", "host", 200.0, 6.2), _rate_row("submod0", "unchecked", 280.0, 6.2)]
+    rows = [_rate_row("submod0", "device", 460.0, 6.2), _rate_row("chain", "device", 500.0, 6.0),
+            _rate_row("submod0", "reference", 345.0, 8.5, 16), _rate_row("submod0", "host", 200.0, 6.2),
+            _rate_row("submod0", "unchecked", 280.0, 6.2)]
     r = {"cases": rows, "device": "GPU", "provider": "cuda", "steps": 200}
     line = target_line(r)
-    assert "met by 2 of 2 checked rows" in line and "below" not in line
-    # the reference row has the most op-times (341): 300 steps/s needs a host of 1e6 / (300 * 341) us
-    assert "submod0 piecewise reference/16" in line and f"{1e6 / (300 * 341):.1f} us" in line
+    assert "(issue 19.4, the device check): met by 2 of 2 rows;" in line and "below" not in line
+    # submod0's device row has the most op-times (351): 300 steps/s needs a host of 1e6 / (300 * 351) us
+    assert "351 (submod0 piecewise)" in line and f"{1e6 / (300 * 351):.1f} us" in line
+    assert line.endswith("with the third copy: met by 1 of 1 rows")
     assert line in format_rates(r)
     rows[0] = _rate_row("submod0", "device", 255.3, 9.37)
+    rows[2] = _rate_row("submod0", "reference", 212.8, 8.5, 16)
     line = target_line(r)
-    assert "met by 1 of 2 checked rows" in line and "below: submod0 piecewise device 255.3" in line
-    assert target_line({"cases": [rows[2], rows[3]]}) is None
+    assert "met by 1 of 2 rows (below: submod0 piecewise device 255.3)" in line
+    assert "with the third copy: met by 0 of 1 rows (below: submod0 piecewise reference/16 212.8)" in line
+    assert target_line({"cases": [rows[2], rows[3], rows[4]]}) is None
