@@ -33,7 +33,7 @@ def pytest_configure(config):
     if workers > 1:  # xdist: each worker's torch would take every core (8 workers x 16 threads on 16 cores)
         import torch
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
-    from repro.hunt import register_profiles, settings
+    from repro.search.hunt import register_profiles, settings
     register_profiles()  # ci / dev / soak (not registered at import)
     settings.load_profile(config.getoption("--hypothesis-profile-name"))
 
@@ -65,7 +65,7 @@ def tiny_path(tmp_path_factory, request):
     explicit = request.config.getoption("--model")
     if explicit:
         return explicit
-    from repro.tiny import make_tiny
+    from repro.model.tiny import make_tiny
     return str(make_tiny(tmp_path_factory.mktemp("ckpt") / "tiny", seed=0))
 
 

@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-from repro import bench, bench_cli, lockrates
-from repro.cli import main
+from repro.bench import replay as bench, output as bench_cli, lockrates
+from repro.cli.app import main
 from repro.islands import Model
 
 ROW_KEYS = {"island", "batch", "eager_us", "replay_us", "floor_us", "repair", "mode", "replay_over_eager",
@@ -162,7 +162,7 @@ def test_kernel_profile_of_a_chain_replay_on_cpu(model):
 def test_lockstep_rates_structure(model):
     """`--lockstep-rates`: per case and check, steps/s and where a step's time goes; hunt rate."""
     from repro.graphs import make_provider
-    from repro.lockrates import format_rates, lockstep_rates
+    from repro.bench.lockrates import format_rates, lockstep_rates
     r = lockstep_rates(model, make_provider("cpu"), steps=8, examples=1,
                        cases=(("chain", "full"), ("moe", "piecewise")))
     assert [(c["island"], c["mode"], c["check"]) for c in r["cases"]] == [
@@ -186,7 +186,7 @@ def test_lockstep_rates_at_several_cadences_of_the_third_copy(model):
     0, N, 2N, ... of the run), so what a cadence costs is read off one run; the moe island has no
     third copy and keeps one row."""
     from repro.graphs import make_provider
-    from repro.lockrates import format_rates, lockstep_rates
+    from repro.bench.lockrates import format_rates, lockstep_rates
     r = lockstep_rates(model, make_provider("cpu"), steps=9, examples=0, checks=("reference",), every=(1, 4),
                        cases=(("chain", "piecewise"), ("moe", "piecewise")))
     rows = [(c["island"], c["reference_every"], c["reference_steps"]) for c in r["cases"]]
@@ -202,7 +202,7 @@ def test_each_lockstep_row_carries_the_host_speed_around_it_and_its_cost_in_smal
     per small op)) is the step's cost in small-op times: for a host-bound step, the same figure on a
     fast and a slow machine."""
     from repro.graphs import make_provider
-    from repro.lockrates import format_rates, lockstep_rates
+    from repro.bench.lockrates import format_rates, lockstep_rates
     r = lockstep_rates(model, make_provider("cpu"), steps=6, examples=0, checks=("device",),
                        cases=(("chain", "full"), ("moe", "piecewise")))
     for c in r["cases"]:
@@ -219,7 +219,7 @@ def test_the_unchecked_row_is_the_floor_the_check_sits_on(model):
     less its case's unchecked ones: the table's `check cost`). It runs the copies as the checked rows
     do (the same steps, the same graph captures) and no check phase at all."""
     from repro.graphs import make_provider
-    from repro.lockrates import format_rates, lockstep_rates
+    from repro.bench.lockrates import format_rates, lockstep_rates
     r = lockstep_rates(model, make_provider("cpu"), steps=7, examples=0, checks=("device", "unchecked"),
                        cases=(("submod0", "piecewise"), ("moe", "piecewise")))
     rows = {(c["island"], c["check"]): c for c in r["cases"]}
@@ -281,7 +281,7 @@ def test_the_rates_table_says_whether_the_target_holds_and_on_which_hosts():
     """Issue 19.4 at a glance: the device-check rows below 300 steps/s by name, the slowest host (us
     a small op) on which the one with the most op-times would still reach 300, and the same count
     for the rows with the third copy; host-check and unchecked rows do not count."""
-    from repro.lockrates import format_rates, target_line
+    from repro.bench.lockrates import format_rates, target_line
     rows = [_rate_row("submod0", "device", 460.0, 6.2), _rate_row("chain", "device", 500.0, 6.0),
             _rate_row("submod0", "reference", 345.0, 8.5, 16), _rate_row("submod0", "host", 200.0, 6.2),
             _rate_row("submod0", "unchecked", 280.0, 6.2)]

@@ -6,12 +6,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from repro.checkpoint import Checkpoint, deinterleave_ba, deinterleave_qkvz, interleave_ba, interleave_qkvz, merge_shards
-from repro.config import TINY, ConfigError
+from repro.model.checkpoint import (Checkpoint, deinterleave_ba, deinterleave_qkvz, interleave_ba, interleave_qkvz, merge_shards)
+from repro.model.config import TINY, ConfigError
 from repro.errors import BadInput, CheckpointError
-from repro.quant import quantize_weight
-from repro.tiny import make_tiny
-from repro.weights import tensors_of
+from repro.model.quant import quantize_weight
+from repro.model.tiny import make_tiny
+from repro.model.weights import tensors_of
 
 P = "model.language_model.layers."
 # Tiny has Hk=2, Hv=4: TP4 needs more heads.
@@ -343,7 +343,7 @@ def test_fused_in_proj_gives_the_four_projections_bit_for_bit(tmp_path, quantise
     """submod0 runs its four input projections as one GEMM of the stacked W8A8 weights: the same
     bits as four, the four re-pointed at views of the stack (no second copy); BF16 left apart."""
     from repro.islands.base import linear
-    from repro.weights import fuse_in_proj
+    from repro.model.weights import fuse_in_proj
     ck = Checkpoint.open(make_tiny(tmp_path / quantised, quantised=quantised))
     g = ck.load_layer(ck.config.gdn_layers()[0]).gdn
     four = (g.in_proj_qkv, g.in_proj_z, g.in_proj_b, g.in_proj_a)

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from repro.cli import main
+from repro.cli.app import main
 
 
 def test_run_baseline_exits_0_and_writes_the_json_contract(tiny_path, tmp_path, capsys):

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from repro.cli import main
-from repro.sequence import random_sequence
+from repro.cli.app import main
+from repro.scheduler.sequence import random_sequence
 
 L0 = "model.language_model.layers.0."
 USED = [L0 + n for n in ("input_layernorm.weight", "post_attention_layernorm.weight",

@@ -12,11 +12,11 @@ import time
 import pytest
 import torch
 
-from repro.cli import main
+from repro.cli.app import main
 from repro.comm import CommCase, exit_code, plan, run_forced_comm
 from repro.errors import BadInput
 from repro.islands.forced_comm import comm_mode_for, load_slice, shard_shared_expert
-from repro.tiny import default_checkpoint
+from repro.model.tiny import default_checkpoint
 
 pytestmark = pytest.mark.forced_comm
 
@@ -37,7 +37,7 @@ def ckpt():
 
 
 def _run(ckpt, **kw):
-    from repro.sequence import random_sequence
+    from repro.scheduler.sequence import random_sequence
     batches = random_sequence(0, num_requests=max(2, STEPS // 6), vocab=512).batches()[:STEPS]
     res = run_forced_comm(ckpt, batches=batches, **kw)
     res["planned_steps"] = len(batches)
@@ -62,7 +62,7 @@ def _no_process_left(pids):
 
 
 def test_checkpoint_sharding_of_the_shared_expert_is_vllms(ckpt):
-    from repro.checkpoint import Checkpoint
+    from repro.model.checkpoint import Checkpoint
     ck = Checkpoint.open(ckpt)
     full = ck.load_layer(0).moe
     Is = ck.config.shared_expert_intermediate_size
@@ -97,8 +97,8 @@ def test_knobs_map_to_comm_modes_and_foreign_knobs_are_refused():
 
 
 def test_multi_rank_rows_go_through_the_shared_verdict_table_and_exit_code():
-    from repro.results import MultiRankResult, format_table, rank_divergence, verdict
-    from repro.results import exit_code as shared_exit_code
+    from repro.job.results import MultiRankResult, format_table, rank_divergence, verdict
+    from repro.job.results import exit_code as shared_exit_code
     hit = MultiRankResult(CommCase(("comm-noop-capture",)), 1, rank_divergence(0, 0, "forced_comm", "out", 0, 1, 2.0),
                           eager_us=10.0, ranks_diverged=[1])
     clean = MultiRankResult(CommCase(), 12, None, eager_us=10.0, replay_us=15.0, captures=2, replays=1,

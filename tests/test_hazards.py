@@ -2,11 +2,11 @@
 clears it; the microscope names the right island and slot."""
 import pytest
 
-from repro import hazards as hz
+from repro.knobs import hazards as hz
 from repro.errors import Refused
 from repro.graphs import make_provider
 from repro.islands import Model
-from repro.job import Case, default_sequence, run_case
+from repro.job.cases import Case, default_sequence, run_case
 
 SEQ = default_sequence(seed=0, steps=60)
 

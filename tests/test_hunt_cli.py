@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from repro import hunt as H
-from repro.cli import main
-from repro.hazards import HAZARDS
-from repro.sequence import Request, Sequence
+from repro.search import hunt as H
+from repro.cli.app import main
+from repro.knobs.hazards import HAZARDS
+from repro.scheduler.sequence import Request, Sequence
 
 
 @pytest.mark.parametrize("extra, needle", [
@@ -67,7 +67,7 @@ def test_a_flaky_failure_is_one_exception_not_a_traceback(tmp_path, monkeypatch)
 
 
 def test_the_search_space_reaches_the_largest_captured_size():
-    from repro.runner import DEFAULT_SIZES
+    from repro.capture.runner import DEFAULT_SIZES
     space = H.space_for(DEFAULT_SIZES)
     top = max(DEFAULT_SIZES)
     assert space["num_slots"] >= top and space["max_requests"] >= top and space["max_tokens"] >= top

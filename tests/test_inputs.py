@@ -8,11 +8,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from repro import tiny
-from repro.cli import main
-from repro.compare import GRAPH_HAZARD, Divergence
-from repro.results import exit_code
-from repro.job import Case, CaseResult
+from repro.model import tiny
+from repro.cli.app import main
+from repro.check.compare import GRAPH_HAZARD, Divergence
+from repro.job.results import exit_code
+from repro.job.cases import Case, CaseResult
 
 
 def _one_line_exit_2(capsys, argv, *needles):
@@ -229,7 +229,7 @@ def test_negative_weight_scales_are_refused(tiny_path, tmp_path, capsys):
 
 
 def test_zero_weight_scales_are_flagged_not_refused(tiny_path, tmp_path, capsys):
-    from repro.cli import main
+    from repro.cli.app import main
     d = _copy(tiny_path, tmp_path)
     f = d / "model.safetensors"
     t = load_file(str(f))

@@ -133,7 +133,7 @@ def test_islands_replay_equals_eager_on_triton(tiny_path, mode):
     _needs_triton()
     from repro.graphs import make_provider
     from repro.islands import Model
-    from repro.job import Case, default_sequence, run_case
+    from repro.job.cases import Case, default_sequence, run_case
     provider = make_provider("cuda")
     model = Model(tiny_path, provider.device)
     seq = default_sequence(0, 48, vocab=model.cfg.vocab_size)

@@ -9,7 +9,7 @@ from kernels import registry
 from kernels.moe.vectorized import SPARSE_PAIRS_PER_EXPERT
 from kernels.ops import moe, moe_block, quantize_per_token
 from kernels.samples import moe_args
-from repro.weights import Experts, Linear, MoEWeights
+from repro.model.weights import Experts, Linear, MoEWeights
 
 
 def _both(args):

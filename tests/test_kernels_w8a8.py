@@ -8,7 +8,7 @@ from kernels import registry
 from kernels.ops import linear, quantize_per_token, quantize_with_scale, w8a8_linear
 from kernels.w8a8_linear.reference import int8_matmul_exact, w8a8_linear_reference
 from kernels.w8a8_linear.torch_int_mm import int8_matmul_int_mm, w8a8_linear_int_mm
-from repro.weights import Linear
+from repro.model.weights import Linear
 
 bf16 = torch.bfloat16
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from repro.checkpoint import Checkpoint
+from repro.model.checkpoint import Checkpoint
 from repro.islands import Model
-from repro.job import default_sequence
-from repro.runner import EagerRunner
+from repro.job.cases import default_sequence
+from repro.capture.runner import EagerRunner
 
 
 def deq(lin):

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import torch
 from hypothesis import given, settings, strategies as st
 
-from repro.batch import StepBatch
-from repro.compare import compare_step, max_abs, nonfinite_side, same
+from repro.control.batch import StepBatch
+from repro.check.compare import compare_step, max_abs, nonfinite_side, same
 
 NAN, INF = float("nan"), float("inf")
 # three requests: a decode in slot 3, a 2-token prefill in slot 5, a decode in slot 1
@@ -80,7 +80,7 @@ def test_summaries_are_the_per_tensor_functions_read_together(device, n, seed, e
     inf on either side, empty tensors, integers, fp64 beside the pairs it runs together, mismatched
     shapes, subnormals one step apart, +0.0 facing -0.0 and differences that overflow included; on
     the suite's device (the stacked read is what a GPU runs)."""
-    from repro.compare import magnitude, max_abs, nonfinite_side, same, summaries
+    from repro.check.compare import magnitude, max_abs, nonfinite_side, same, summaries
     g = torch.Generator().manual_seed(seed)
     pairs = {}
     for k in range(3):

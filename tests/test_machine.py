@@ -5,7 +5,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from repro.graphs import make_provider
 from repro.islands import Model
-from repro.machine import lockstep_machine
+from repro.search.machine import lockstep_machine
 
 
 @pytest.fixture(scope="module")

@@ -9,13 +9,13 @@ from dataclasses import fields
 import pytest
 import torch
 
-from repro import hazards as hz
-from repro.batch import StepBatch
-from repro.capture import IslandRunner, Piece, pad_size
+from repro.knobs import hazards as hz
+from repro.control.batch import StepBatch
+from repro.capture.piece import IslandRunner, Piece, pad_size
 from repro.graphs import make_provider
 from repro.islands import Model
-from repro.options import CommOptions, IslandOptions, Options, Pad, RunnerOptions
-from repro.runner import GraphRunner
+from repro.knobs.options import CommOptions, IslandOptions, Options, Pad, RunnerOptions
+from repro.capture.runner import GraphRunner
 
 
 def _changed(opts: Options) -> set[str]:
@@ -78,7 +78,7 @@ def test_comm_mode_follows_the_comm_options():
 
 
 def test_help_lists_every_hazard_and_repair_once():
-    from repro.cli import knobs_help
+    from repro.cli.app import knobs_help
     lines = knobs_help().splitlines()
     for name in list(hz.HAZARDS) + list(hz.REPAIRS):
         assert sum(line.split()[:1] == [name] for line in lines) == 1, name

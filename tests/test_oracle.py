@@ -9,10 +9,10 @@ import torch
 
 from kernels import registry
 from kernels.norms.reference import rms_norm_reference
-from repro.compare import BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM
+from repro.check.compare import BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM
 from repro.graphs import make_provider
 from repro.islands import Model
-from repro.job import Case, default_sequence, exit_code, format_table, run_case, verdict
+from repro.job.cases import Case, default_sequence, exit_code, format_table, run_case, verdict
 
 SEQ = default_sequence(seed=0, steps=24)
 

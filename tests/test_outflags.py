@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro import outflags
-from repro.stepcheck import StepCheck
+from repro.check import outflags
+from repro.check.stepcheck import StepCheck
 
 INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1" and importlib.util.find_spec("triton") is not None
 

@@ -90,7 +90,7 @@ def test_cache_dir_is_one_and_ignores_an_empty_variable(monkeypatch, tmp_path):
     assert io.cache_dir() == io.Path.home() / ".cache" / "repro"
     monkeypatch.setenv("REPRO_CACHE", str(tmp_path))
     assert io.cache_dir() == tmp_path
-    from repro import tiny
+    from repro.model import tiny
     assert tiny.cache_dir is io.cache_dir
 
 

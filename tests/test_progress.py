@@ -32,7 +32,7 @@ def test_on_a_terminal_the_bar_is_erased_before_the_table():
 
 
 def test_the_run_prints_a_line_per_case_to_a_pipe(tiny_path, capsys):
-    from repro.cli import main
+    from repro.cli.app import main
     assert main(["run", "--model", tiny_path, "--device", "cpu", "--island", "submod0", "--steps", "4"]) == 0
     err = capsys.readouterr().err
     assert "repro: [1/1] submod0 piecewise baseline: ok" in err

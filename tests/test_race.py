@@ -19,15 +19,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from repro import hazards as hz
-from repro.capture import Graph
+from repro.knobs import hazards as hz
+from repro.capture.piece import Graph
 from repro.graphs import TapeProvider, make_provider
 from repro.islands import Model
-from repro.job import Case, default_sequence, run_case
-from repro.lockstep import Lockstep
-from repro.options import HostCopy, Options, RunnerOptions
-from repro.race import device_delay, is_poison, poison_, poison_value
-from repro.runner import GraphRunner, HostReadback
+from repro.job.cases import Case, default_sequence, run_case
+from repro.lockstep.lockstep import Lockstep
+from repro.knobs.options import HostCopy, Options, RunnerOptions
+from repro.capture.race import device_delay, is_poison, poison_, poison_value
+from repro.capture.runner import GraphRunner, HostReadback
 
 GPU_REASON = "needs an NVIDIA GPU (pytest --device cuda)"
 STREAM_HAZARDS = sorted((h.name, m) for h in hz.HAZARDS.values() if h.stream and "chain" in h.islands
@@ -45,7 +45,7 @@ def test_amplify_is_on_by_default_and_no_table_row_turns_it_off():
 
 
 def test_no_amplify_flag_parses_on_run_only_and_forced_comm_refuses_it():
-    from repro.cli import main, parser
+    from repro.cli.app import main, parser
     assert parser().parse_args(["run", "--no-amplify"]).no_amplify
     assert not parser().parse_args(["run"]).no_amplify
     with pytest.raises(SystemExit):
@@ -255,7 +255,7 @@ def test_a_read_before_the_side_stream_replay_lands_sees_the_poison(model):
 
 
 def test_the_side_stream_race_log_counts_poisoned_steps_and_the_first(model):
-    from repro.runner import RaceLog
+    from repro.capture.runner import RaceLog
     log = RaceLog("what", "how")
     for step, hit in ((5, False), (6, True), (7, True)):
         log.hit_device(step, torch.tensor(hit))
@@ -383,8 +383,8 @@ def test_without_the_amplifier_the_run_still_works_and_reports_no_race(gpu):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 NVIDIA GPUs")
 def test_allreduce_no_clone_detected_at_the_first_collective_in_10_of_10_runs_on_2_gpus():
     from repro.comm import CommCase, run_forced_comm
-    from repro.sequence import random_sequence
-    from repro.tiny import default_checkpoint
+    from repro.scheduler.sequence import random_sequence
+    from repro.model.tiny import default_checkpoint
     batches = random_sequence(0, num_requests=4, vocab=512).batches()[:24]
     cases = [CommCase(("allreduce-no-clone",))] * 10 + [CommCase(("allreduce-no-clone",), ("clone-input",))] * 10
     res = run_forced_comm(default_checkpoint(), tp=2, device="cuda", cases=cases, batches=batches, timeout=500)

@@ -6,14 +6,14 @@ import torch
 
 from repro.graphs import make_provider
 from repro.islands import Model
-from repro.job import Case, default_sequence, run_case
+from repro.job.cases import Case, default_sequence, run_case
 
 
 @pytest.fixture(scope="module")
 def real_model(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("needs an NVIDIA GPU (real-size layer: 256 experts, hidden 2048)")
-    from repro.tiny import make_tiny
+    from repro.model.tiny import make_tiny
     path = make_tiny(tmp_path_factory.mktemp("real") / "real-layer", seed=0, preset="real-layer", device="cuda")
     p = make_provider("cuda")
     return Model(path, p.device), p

@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 
 from kernels import registry
 from kernels.norms.reference import add_rms_norm_reference, rms_norm_reference
-from repro.compare import CORRUPTION
+from repro.check.compare import CORRUPTION
 from repro.graphs import make_provider
 from repro.islands import Model
-from repro.job import Case, default_sequence, run_case
-from repro.lockstep import Lockstep
-from repro.options import Options
-from repro.reference_copy import ReferenceCopy, default_every, independent_copy
+from repro.job.cases import Case, default_sequence, run_case
+from repro.lockstep.lockstep import Lockstep
+from repro.knobs.options import Options
+from repro.check.reference_copy import ReferenceCopy, default_every, independent_copy
 
 SEQ = default_sequence(seed=2, steps=16)
 FAULT = {"on": False}
@@ -120,7 +120,7 @@ def test_the_third_copy_owns_its_weights_and_checks_every_step_on_the_cpu_only(s
 def test_the_cli_sets_the_cadence_and_refuses_it_where_there_is_no_third_copy(tiny_path, tmp_path):
     import json
 
-    from repro.cli import main, parser
+    from repro.cli.app import main, parser
     assert parser().parse_args(["run"]).reference_every is None
     with pytest.raises(SystemExit):
         parser().parse_args(["run", "--reference-every", "-1"])
@@ -200,7 +200,7 @@ def _inputs(rows=2):
 
 
 def test_a_router_flip_at_a_near_tie_is_excused_and_a_wide_one_is_not():
-    from repro.oracle import routing_ties
+    from repro.check.oracle import routing_ties
     x, near = _inputs(3)
     w = _router()
     assert set(routing_ties(x, near, w, 1, [1])) == {1}
@@ -220,8 +220,8 @@ def test_router_ties_skips_its_rows_only_where_the_summaries_prove_none_is_over(
     """`router_ties` given the pair's `compare.summaries` (what `departed` has read already) answers
     what it answers reading the rows itself: a row is over its bound only where max|d| is, or where a
     value is non-finite on one side (inf facing a finite value is over; NaN never is)."""
-    from repro.compare import summaries
-    from repro.oracle import ROUTED, router_ties
+    from repro.check.compare import summaries
+    from repro.check.oracle import ROUTED, router_ties
     g = torch.Generator().manual_seed(seed)
     ref = {"submod1.hidden": torch.randn(n, 8, generator=g).to(torch.bfloat16),
            "submod1.next_normed": torch.randn(n, 8, generator=g).to(torch.bfloat16),
@@ -241,8 +241,8 @@ def test_router_ties_skips_its_rows_only_where_the_summaries_prove_none_is_over(
 
 
 def test_departed_excuses_the_rows_a_router_tie_explains_and_nothing_else():
-    from repro.batch import StepBatch
-    from repro.reference_copy import departed
+    from repro.control.batch import StepBatch
+    from repro.check.reference_copy import departed
     w = _router(lead=10.0)  # row 1's flip is within what its input difference explains; row 0 is far from a tie
     x_ref, x_eager = _inputs()
     h = torch.randn(2, 8, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
@@ -318,7 +318,7 @@ def test_router_flips_at_near_ties_in_a_whole_run_are_findings_not_corruption(ti
     out of the top 2 on some tokens. Each flip moves its token's output by a whole expert's share.
     Without the router inputs the third copy calls that shared corruption; with them each is a
     `routing tie` finding and the run is clean."""
-    from repro.compare import ROUTING_TIE
+    from repro.check.compare import ROUTING_TIE
     provider = make_provider("cpu")
     model = _tied_router_model(tiny_path, provider)
     seq = default_sequence(seed=4, steps=24)
@@ -345,8 +345,8 @@ def test_an_expert_flip_between_the_eager_and_the_padded_shape_is_batch_variance
     the router's near-ties between the exact-shape eager run and the padded replay. Each such step
     is batch variance (the replay equals the padded eager run bit for bit), named as an expert flip;
     without the MoE inputs it would be corruption."""
-    from repro.compare import BATCH_VARIANCE
-    from repro.oracle import ChainProbe
+    from repro.check.compare import BATCH_VARIANCE
+    from repro.check.oracle import ChainProbe
     provider = make_provider("cpu")
     model = _tied_router_model(tiny_path, provider)
     seq = default_sequence(seed=4, steps=24)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.cli import main
+from repro.cli.app import main
 from repro.report import SCRIPT
 
 
@@ -159,7 +159,7 @@ def test_counts_agree_with_their_nouns(tiny_path, tmp_path):
 def test_a_hunt_report_states_the_hunts_step_count_and_what_it_shows(tiny_path, tmp_path):
     """The hunt printed its minimal sequence's length; the report names that same number and says
     why it shows fewer steps (those up to the first divergence), instead of contradicting it."""
-    from repro.sequence import Sequence
+    from repro.scheduler.sequence import Sequence
     res = _run_json(tiny_path, tmp_path, "--mode", "full", "--hazard", "stale-pad", "--steps", "24")
     doc = json.loads(res.read_text())
     seq = doc.pop("sequence")
@@ -197,7 +197,7 @@ def test_repair_costs_compare_runs_of_the_same_steps():
 
 
 def hz_names():
-    from repro import hazards as hz
+    from repro.knobs import hazards as hz
     return [(h.name, h.repairs[0] if h.repairs else None) for h in hz.HAZARDS.values()
             if h.islands == ("chain",) and not h.device_only]
 
@@ -215,7 +215,7 @@ def test_the_replay_command_has_no_local_checkpoint_path(tiny_path, tmp_path):
 def test_the_default_row_is_one_the_standalone_script_rebuilds():
     """A default run's first divergence may be a hazard the script cannot rebuild; the report then
     takes the first divergence it can, so the report comes with a script."""
-    from repro import hazards as hz
+    from repro.knobs import hazards as hz
     from repro.report import pick
     no = next(h for h in hz.HAZARDS.values() if not h.standalone and h.detected_as == "divergence")
     yes = next(h for h in hz.HAZARDS.values() if h.standalone)

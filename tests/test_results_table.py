@@ -1,7 +1,7 @@
 """What a person reads in the table: no `row None`, findings cut at a word and marked as notes on
 clean rows, and no replay/eager ratio for rows too short to time (issue 18)."""
-from repro.compare import GRAPH_HAZARD, Divergence
-from repro.results import FINDING_WIDTH, MIN_TIMED_STEPS, Case, CaseResult, format_table
+from repro.check.compare import GRAPH_HAZARD, Divergence
+from repro.job.results import FINDING_WIDTH, MIN_TIMED_STEPS, Case, CaseResult, format_table
 
 
 def _row(table: str, i: int = 0) -> str:
@@ -31,7 +31,7 @@ def test_a_finding_on_a_clean_row_is_a_note_cut_at_a_word():
 
 
 def test_a_hunt_says_how_far_it_is_without_a_terminal(capsys):
-    from repro.hunt import HUNT_LINE_EVERY, progress_of_hunt
+    from repro.search.hunt import HUNT_LINE_EVERY, progress_of_hunt
     tried = progress_of_hunt("hunt chain full stale-pad", 25)
     for _ in range(2 * HUNT_LINE_EVERY + 3):
         tried()

@@ -7,14 +7,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from repro import hazards as hz
-from repro.batch import StepBatch
-from repro.compare import UNOWNED, WEIGHTS
+from repro.knobs import hazards as hz
+from repro.control.batch import StepBatch
+from repro.check.compare import UNOWNED, WEIGHTS
 from repro.graphs import make_provider
 from repro.islands import Model
-from repro.job import default_sequence
-from repro.lockstep import Lockstep, locate, run_lockstep
-from repro.stepcheck import StepCheck, digest_words, words
+from repro.job.cases import default_sequence
+from repro.lockstep.lockstep import Lockstep, locate, run_lockstep
+from repro.check.stepcheck import StepCheck, digest_words, words
 
 SEQ = default_sequence(seed=0, steps=60)
 KEYS = ("step", "island", "tensor", "row", "slot")
@@ -278,8 +278,8 @@ def test_prepared_inputs_are_each_consumers_own(setup):
 @pytest.mark.parametrize("at", [3, 7])
 def test_the_moe_lockstep_reports_a_weight_write_at_its_step_the_last_one_too(tiny_path, monkeypatch, at):
     """`run_moe_lockstep` reads each step's digest at the next step and the last one at the end."""
-    from repro.lockstep import run_moe_lockstep
-    from repro.runner import PieceRunner
+    from repro.lockstep.lockstep import run_moe_lockstep
+    from repro.capture.runner import PieceRunner
     provider = make_provider("cpu")
     model = Model(tiny_path, provider.device)  # its own: a weight is changed
     batches = SEQ.batches()[:8]

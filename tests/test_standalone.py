@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro import hazards as hz
-from repro.cli import main
+from repro.knobs import hazards as hz
+from repro.cli.app import main
 from repro.report import SCRIPT, load_result, write_report
-from repro.report.standalone import knobs
-from repro.standalone.generate import ROOTS, TEMPLATE, math_source, script_options
+from repro.report.script import knobs
+from repro.report.standalone.generate import ROOTS, TEMPLATE, math_source, script_options
 
 STANDALONE = [h.name for h in hz.HAZARDS.values() if h.standalone]
 ROOT = Path(__file__).resolve().parents[1]

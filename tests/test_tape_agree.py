@@ -286,9 +286,9 @@ def test_the_runner_recaptures_after_forgetting_every_size(provider, tiny_path, 
     """`forget` of every captured size, then steps again (the state machine's `recapture` rule):
     the runner takes a new pool, so the captures succeed and replay still equals eager."""
     from repro.islands import Model
-    from repro.job import default_sequence
-    from repro.lockstep import Lockstep
-    from repro.options import Options
+    from repro.job.cases import default_sequence
+    from repro.lockstep.lockstep import Lockstep
+    from repro.knobs.options import Options
 
     seq = default_sequence(seed=3, steps=12)
     model = Model(tiny_path, provider.device)

@@ -7,10 +7,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from repro import tiny
+from repro.model import tiny
 from repro.errors import BadInput
-from repro.inspect import format_inspect, inspect
-from repro.quant import BF16, W8A8_INT8
+from repro.model.inspect import format_inspect, inspect
+from repro.model.quant import BF16, W8A8_INT8
 
 P = "model.language_model.layers."
 

@@ -200,7 +200,7 @@ def test_wheel_calls_are_kernel_calls_and_their_script_finds_the_op(ns, tmp_path
     import sys
 
     from kernels import registry
-    from repro.kernelcase import KernelCase, write_kernel_script
+    from repro.check.kernelcase import KernelCase, write_kernel_script
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     w = torch.zeros(64, dtype=torch.bfloat16)
     runs = []

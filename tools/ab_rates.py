@@ -31,13 +31,13 @@ def main() -> int:
     import kernels
     import repro
     from kernels import registry
-    from repro.bench import checkpoint_for
+    from repro.bench.replay import checkpoint_for
     from repro.graphs import make_provider
     from repro.islands import Model
-    from repro.job import default_sequence
-    from repro.lockrates import CASES, run_checked
+    from repro.job.cases import default_sequence
+    from repro.bench.lockrates import CASES, run_checked
     try:
-        from repro.lockrates import host_us_per_op
+        from repro.bench.lockrates import host_us_per_op
     except ImportError:  # a tree from before it existed
         host_us_per_op = None
 

@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from repro.stepcheck import digest_words
+from repro.check.stepcheck import digest_words
 
 
 def widened(t: torch.Tensor) -> torch.Tensor:

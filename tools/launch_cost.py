@@ -119,7 +119,7 @@ def main() -> int:
             rows.append(("w8a8 rows: CompiledKernel.run", per_call(wraw, a.n)))
         except Exception as e:
             print(f"w8a8 rows CompiledKernel.run: {type(e).__name__}: {e}")
-        from repro.stepcheck import StepCheck
+        from repro.check.stepcheck import StepCheck
         outs = {f"submod{i % 2}.o{i}": torch.randn(1, 2048, device="cuda").to(torch.bfloat16) for i in range(9)}
         outs["head.token_ids"] = torch.zeros(1, dtype=torch.int64, device="cuda")
         same = {k: v.clone() for k, v in outs.items()}

@@ -51,11 +51,11 @@ def main() -> int:
                     help="cProfile: comma-separated function patterns ('to' of, pin_memory) whose callers to list")
     a = ap.parse_args()
     from kernels import registry
-    from repro.bench import checkpoint_for
+    from repro.bench.replay import checkpoint_for
     from repro.graphs import make_provider
     from repro.islands import Model
-    from repro.job import default_sequence
-    from repro.lockrates import run_checked
+    from repro.job.cases import default_sequence
+    from repro.bench.lockrates import run_checked
 
     island, mode = a.case.split(":")
     with registry.using(**registry.parse(a.kernels)):

@@ -12,11 +12,11 @@ import sys
 import time
 
 from kernels import registry
-from repro import hazards as hz
-from repro.bench import checkpoint_for
+from repro.knobs import hazards as hz
+from repro.bench.replay import checkpoint_for
 from repro.graphs import make_provider
 from repro.islands import Model
-from repro.job import Case, default_sequence, run_case
+from repro.job.cases import Case, default_sequence, run_case
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ kill/reap), `rank.py` (one rank's lockstep and the diff).
 """
 from __future__ import annotations
 
-from .. import results
+from ..job import results
 from .cases import ISLAND, CommCase, plan
 from .supervisor import GRACE_S, KILL_ENV, CommRun, run_forced_comm
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import hazards as hz
+from ..knobs import hazards as hz
 
 ISLAND = "forced_comm"
 

@@ -22,9 +22,9 @@ import traceback
 
 import torch
 
-from .. import hazards as hz
-from ..compare import Divergence
-from ..results import MultiRankResult, device_name, rank_divergence
+from ..knobs import hazards as hz
+from ..check.compare import Divergence
+from ..job.results import MultiRankResult, device_name, rank_divergence
 from .cases import ISLAND, CommCase
 
 class _Progress:

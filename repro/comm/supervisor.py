@@ -25,7 +25,7 @@ import time
 import torch
 
 from ..errors import BadInput, DeviceUnavailable
-from ..results import MultiRankResult
+from ..job.results import MultiRankResult
 from .cases import ISLAND, CommCase, plan
 from .rank import _rank_main
 
@@ -94,9 +94,9 @@ def run_forced_comm(checkpoint=None, tp: int = 2, device: str = "cpu", hazards=(
     plus `failure` and `pids`). `cases`: an explicit list of `CommCase` (or (hazards, repairs)
     pairs) run in one launch; default: `plan(hazards, repairs)`. `batches`: a list of
     `StepBatch` (default: a seeded random request sequence cut to `steps` steps)."""
-    from ..checkpoint import Checkpoint
+    from ..model.checkpoint import Checkpoint
     from ..islands.forced_comm import COMM_DTYPES, DEFAULT_SIZES, DEFAULT_VOCAB
-    from ..sequence import random_sequence
+    from ..scheduler.sequence import random_sequence
 
     if not isinstance(tp, int) or tp < 2:
         raise BadInput(f"forced_comm needs --tp >= 2 (one rank a shard), got {tp}")
@@ -109,7 +109,7 @@ def run_forced_comm(checkpoint=None, tp: int = 2, device: str = "cpu", hazards=(
         for c in cases:
             c.mode  # noqa: B018
     if checkpoint is None:
-        from ..tiny import default_checkpoint
+        from ..model.tiny import default_checkpoint
         checkpoint = default_checkpoint()
     ck = Checkpoint.open(checkpoint)
     cfg = ck.config

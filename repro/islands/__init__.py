@@ -10,11 +10,11 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import Checkpoint
-from ..config import GDN
+from ..model.checkpoint import Checkpoint
+from ..model.config import GDN
 from ..errors import BadInput
-from ..options import IslandOptions
-from ..weights import fuse_in_proj, to_device
+from ..knobs.options import IslandOptions
+from ..model.weights import fuse_in_proj, to_device
 from .gdn import CanaryHead, GDNCore, StateCache, Submod0, Submod1
 from .layer import LayerCopy
 from .moe import MoEBlock, MoEIsland

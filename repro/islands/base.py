@@ -7,8 +7,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from ..options import IslandOptions
-from ..weights import Linear
+from ..knobs.options import IslandOptions
+from ..model.weights import Linear
 
 import kernels  # noqa: F401  (registers torch.ops.repro.*)
 from kernels._library import namespace as ops  # torch.ops.repro.*, called straight to the body when no mode is on

@@ -51,10 +51,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..capture import DEFAULT_SIZES, IslandRunner, OverIslandRunner
+from ..capture.piece import DEFAULT_SIZES, IslandRunner, OverIslandRunner
 from ..errors import BadInput
-from ..race import poison_
-from ..weights import Linear, MoEWeights
+from ..capture.race import poison_
+from ..model.weights import Linear, MoEWeights
 from .base import Island, linear, ops
 
 COMM_MODES = ("in-graph", "noop-capture", "eager-split", "registered")
@@ -64,7 +64,7 @@ DEFAULT_VOCAB = 4096  # embedding rows loaded (token ids are drawn below this)
 
 def comm_mode_for(hazards=(), repairs=()) -> str:
     """The replay copy's comm mode for a set of knobs; refuses knobs this island cannot honour."""
-    from ..hazards import check_comm, options_for
+    from ..knobs.hazards import check_comm, options_for
     check_comm(hazards, repairs)
     return options_for(hazards, repairs).comm.mode
 
@@ -110,7 +110,7 @@ def load_slice(checkpoint, layer: int = 0, tp_rank: int = 0, tp_size: int = 1, d
     checkpoint loader; where `tp_size` does not divide the layer's other sharded dimensions (the
     tiny checkpoint's 2 key heads at TP4) the layer is read whole and only the shared expert is
     sharded here, the same way."""
-    from ..checkpoint import Checkpoint
+    from ..model.checkpoint import Checkpoint
 
     ck = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint.open(checkpoint)
     cfg = ck.config

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..config import ModelConfig
-from ..weights import HeadWeights, LayerWeights
+from ..model.config import ModelConfig
+from ..model.weights import HeadWeights, LayerWeights
 from . import hazard_ops  # noqa: F401  (registers the hazard op variants)
 from .base import Island, linear, ops
 

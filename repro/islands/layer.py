@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ..config import ModelConfig
-from ..options import IslandOptions
-from ..weights import HeadWeights, LayerWeights
+from ..model.config import ModelConfig
+from ..knobs.options import IslandOptions
+from ..model.weights import HeadWeights, LayerWeights
 from .gdn import CanaryHead, GDNCore, GDNMeta, StateCache, Submod0, Submod1
 from .moe import MoEBlock
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from ..config import ModelConfig
-from ..weights import HeadWeights, LayerWeights
+from ..model.config import ModelConfig
+from ..model.weights import HeadWeights, LayerWeights
 from .base import Island, ops
 
 

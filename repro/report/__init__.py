@@ -23,7 +23,7 @@ import shlex
 import shutil
 from pathlib import Path
 
-from .. import hazards as hz
+from ..knobs import hazards as hz
 from ..errors import BadInput
 from ..io import dumps, install_dir, prepare_output_dir, staging_dir
 from .envtext import environment_text
@@ -33,7 +33,7 @@ from .repairs import RepairRow, repair_rows
 from .kernel import INPUTS as KERNEL_INPUTS
 from .kernel import SCRIPT as KERNEL_SCRIPT
 from .kernel import make_kernel_script
-from .standalone import SCRIPT, WEIGHTS, make_standalone, standalone_gap
+from .script import SCRIPT, WEIGHTS, make_standalone, standalone_gap
 
 OUTPUTS = ("REPORT.md", "env.txt", "sequence.json", "result.json", SCRIPT, WEIGHTS, KERNEL_SCRIPT, KERNEL_INPUTS)
 
@@ -69,7 +69,7 @@ def _checkpoint(doc) -> tuple[str, bool]:
     if not ck:
         return "unknown", False
     from ..io import cache_dir
-    from ..tiny import DEFAULT_NAME
+    from ..model.tiny import DEFAULT_NAME
     if Path(ck).expanduser().resolve() == (cache_dir() / DEFAULT_NAME).resolve():
         return "the embedded tiny checkpoint (the suite's default)", True
     return f"`{Path(ck).name}`", False

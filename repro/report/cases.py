@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from .. import hazards as hz
-from ..options import Pad
+from ..knobs import hazards as hz
+from ..knobs.options import Pad
 
 ISSUE_URLS = {
     "vLLM": "https://github.com/vllm-project/vllm/issues/{}",

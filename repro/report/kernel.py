@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BadInput
-from ..kernelcase import INPUTS, SCRIPT, write_kernel_script
+from ..check.kernelcase import INPUTS, SCRIPT, write_kernel_script
 
 
 @dataclass
@@ -41,8 +41,8 @@ def make_kernel_script(stage: Path, doc: dict, r: dict, steps: list, seqj: dict,
 
     from ..graphs import make_provider
     from ..islands import Model
-    from ..job import Case, run_case
-    from ..sequence import Sequence
+    from ..job.cases import Case, run_case
+    from ..scheduler.sequence import Sequence
     ck = doc.get("checkpoint")
     if not ck or not Path(ck).is_dir():
         return KernelScript(fd, [], "the checkpoint is not readable here: the kernel's inputs were not recorded")

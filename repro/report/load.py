@@ -5,7 +5,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from .. import hazards as hz
+from ..knobs import hazards as hz
 from ..errors import BadInput
 
 
@@ -94,7 +94,7 @@ def steps_that_ran(doc: dict, r: dict, sentinel: int | None):
     A hunt's `minimal_sequence` carries them. `repro run --json` writes its sequence's steps as
     scheduled for the default slot range, while a run whose kernel sentinel is -1 used slots
     0..N-1: the candidate whose divergent step matches the microscope's context is taken."""
-    from ..sequence import Sequence
+    from ..scheduler.sequence import Sequence
     seqj = doc.get("minimal_sequence") or doc["sequence"]
     source = "hunt" if "minimal_sequence" in doc else "run"
     seq = Sequence.from_json(seqj)

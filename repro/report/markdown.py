@@ -4,10 +4,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .. import hazards as hz
+from ..knobs import hazards as hz
 from .cases import cited, explain
 from .repairs import RepairRow
-from .standalone import SCRIPT, WEIGHTS, Standalone, default_repairs
+from .script import SCRIPT, WEIGHTS, Standalone, default_repairs
 
 
 def plural(n: int, word: str) -> str:

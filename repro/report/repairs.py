@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import hazards as hz
+from ..knobs import hazards as hz
 from ..errors import Refused
 
 
@@ -84,8 +84,8 @@ def repair_rows(doc: dict, r: dict, steps, seqj, model, sentinel: int | None) ->
         return rows + [RepairRow(rep, None, None, None, "not run", f"island {r['island']}: run it with `repro run`")
                        for rep in wanted]
     from ..graphs import TapeProvider
-    from ..job import Case, run_case
-    from ..sequence import Sequence
+    from ..job.cases import Case, run_case
+    from ..scheduler.sequence import Sequence
     provider = TapeProvider("cpu")
     seq = Sequence(requests=[], num_slots=seqj.get("num_slots", 8), max_tokens=seqj.get("max_tokens", 16),
                    vocab=seqj.get("vocab", 512), seed=seqj.get("seed", 0), steps=steps)

@@ -1,0 +1,93 @@
+"""The main job: every island at baseline, then each hazard alone, with and without its repair,
+over one seeded request sequence, on one provider. Results follow DESIGN.md's JSON contract;
+`Case`, `CaseResult`, `verdict`, `format_table`, `exit_code` and `device_name` live in `results.py`,
+shared with the multi-rank runs of `comm/`."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..knobs import hazards as hz
+from ..capture.piece import DEFAULT_SIZES
+from ..errors import BadInput
+from ..islands import Model
+from ..lockstep.lockstep import run_lockstep
+from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
+from .results import Case, CaseResult, device_name, exit_code, format_table, verdict  # noqa: F401  (re-exported)
+from ..scheduler.sequence import Sequence, random_sequence
+
+# Islands the single-rank job covers, and how each maps onto a runner setting: the capture mode
+# and the families that run eagerly around it.
+ISLAND_MODES = {
+    "submod0": ("piecewise", frozenset({"submod1"})),  # only submod0 graphed
+    "submod1": ("piecewise", frozenset({"submod0"})),  # only submod1 graphed
+    "gdn_core": ("full", frozenset()),  # the splitting op only enters a graph in full mode
+}
+
+
+def plan(island: str, mode: str | None, hazards, repairs, streams: bool) -> list[Case]:
+    """Explicit hazards/repairs -> one case per mode; none -> baseline plus every applicable hazard."""
+    if island in ("all", None):
+        islands = ["chain"] if (hazards or repairs) else ["chain", "submod0", "submod1", "gdn_core", "moe"]
+    else:
+        islands = [island]
+    modes = [mode] if mode else ["piecewise", "full"]
+    cases: list[Case] = []
+    for isl in islands:
+        if isl == "forced_comm":
+            raise BadInput("forced_comm needs ranks: use `repro run --island forced_comm --tp N`")
+        isl_modes = [ISLAND_MODES[isl][0]] if isl in ISLAND_MODES else (["piecewise"] if isl == "moe" else modes)
+        for m in isl_modes:
+            if hazards or repairs:
+                hz.check(hazards, repairs, m, streams, "chain" if isl != "moe" else "moe")
+                cases.append(Case(isl, m, tuple(hazards), tuple(repairs), hz.expectation(hazards, repairs)))
+            else:
+                cases.append(Case(isl, m))
+    if hazards or repairs or island not in ("all", None, "chain"):
+        return cases
+    for m in modes:
+        for h in hz.planted(m, streams):
+            cases.append(Case("chain", m, (h.name,), (), hz.expectation((h.name,), ())))
+            if h.repairs:
+                cases.append(Case("chain", m, (h.name,), (h.repairs[0],), "clean"))
+    return cases
+
+
+def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 0, sizes=DEFAULT_SIZES,
+             trace=None, progress=None, strict: bool = False, amplify: bool = True,
+             reference_every: int | None = None) -> CaseResult:
+    """One case in lockstep. `strict`: batch variance and nondeterminism fail the case as well.
+    `amplify` False: stream races are left to their natural timing (`race.py`). `reference_every`:
+    run the independent reference copy every N steps (0: never; None: `reference_copy.default_every`)."""
+    opts = hz.options_for(case.hazards, case.repairs)
+    if not amplify:
+        opts = replace(opts, runner=replace(opts.runner, amplify=False))
+    if case.island in ISLAND_MODES:
+        families = opts.runner.eager_families | ISLAND_MODES[case.island][1]
+        opts = replace(opts, runner=replace(opts.runner, eager_families=families))
+    copy_sentinel = opts.sentinel(sentinel)  # a hazard may give the kernels another sentinel
+    if case.island == "moe":
+        from ..lockstep.lockstep import run_moe_lockstep
+        res = run_moe_lockstep(model, provider, seq.batches(), sizes=sizes)
+    else:
+        usable = None if copy_sentinel == 0 else range(seq.num_slots)
+        batches = seq.batches(usable)
+        every = default_every(provider.device) if reference_every is None else reference_every
+        ref = ReferenceCopy(independent_copy(model, seq.num_slots, copy_sentinel), every) if every > 0 else None
+        res = run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=copy_sentinel),
+                           provider, batches, mode=case.mode, opts=opts,
+                           sizes=sizes, trace=trace, progress=progress, max_tokens=seq.max_tokens, reference=ref)
+    return CaseResult(case, res.steps, res.divergence, [f.to_json() for f in res.findings], res.eager_us,
+                      res.replay_us, res.kernel_findings, strict, bound_usage=res.bound_usage)
+
+
+def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512) -> Sequence:
+    """A seeded random sequence cut to exactly `steps` scheduler steps."""
+    n = max(2, steps // 6)
+    while True:
+        seq = random_sequence(seed, num_requests=n, num_slots=num_slots, vocab=vocab)
+        batches = seq.batches()
+        if len(batches) >= steps:
+            seq.max_steps = steps
+            return seq
+        n = n * 3 // 2 + 1
+

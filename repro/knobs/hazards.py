@@ -1,0 +1,204 @@
+"""The hazard and repair knobs (docs/DESIGN.md's table), as data plus the one option each flips.
+
+A hazard is a faithful mechanism by which replay can diverge from eager; a repair is what a
+serving stack can do about it. Each row names the typed options it sets (`options.py`); runner,
+islands and the TP slice read those options, never a name. `options_for(hazards, repairs)` applies
+the hazards' settings, then the repairs' (a repair wins). Everything else a caller needs — modes,
+islands, expectations, the kernel sentinel, which standalone script can rebuild it — is a field of
+the row, so no rule is re-derived elsewhere.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import Refused
+from ..graphs.lint import UNDECLARED
+from .options import MODES, HostCopy, Options, Pad, apply, validate
+
+CHAIN_ISLANDS = ("chain", "submod0", "gdn_core", "submod1")
+
+
+@dataclass(frozen=True)
+class Repair:
+    name: str
+    what: str
+    sets: dict = field(default_factory=dict)
+    device_only: bool = False  # needs streams: the CPU tape has none
+    piecewise_only: bool = False  # an eager family inside a full-mode graph cannot run eagerly
+    standalone: bool = False  # the standalone report script rebuilds it
+
+    def __post_init__(self):
+        validate(self.sets)
+
+
+@dataclass(frozen=True)
+class Hazard:
+    name: str
+    mechanism: str
+    repairs: tuple[str, ...]  # any one of these clears it
+    sets: dict = field(default_factory=dict)
+    modes: tuple[str, ...] = MODES
+    device_only: bool = False
+    islands: tuple[str, ...] = ("chain",)
+    detected_as: str = "divergence"  # or "finding"
+    finding: str = ""  # the runner finding kind that detects it (detected_as "finding")
+    replay_only: bool = False  # a compiler's doing to a captured piece: the eager copy is the reference
+    stream: bool = False  # a race between streams or queues
+    standalone: bool = False  # the standalone report script rebuilds it
+    probe: bool = False  # a probe for an upstream bug with no known repair: a healthy stack stays clean
+    cases: str = ""
+
+    def __post_init__(self):
+        validate(self.sets)
+
+    def applies_to(self, island: str) -> bool:
+        return island in self.islands or (island in CHAIN_ISLANDS and "chain" in self.islands)
+
+
+HAZARDS: dict[str, Hazard] = {h.name: h for h in [
+    Hazard("stale-pad", "padded rows keep the last step's state indices and token ids", ("sanitize-pad",),
+           {"runner.pad": Pad.STALE}, modes=("full",), standalone=True, cases="vLLM 37728"),
+    Hazard("pad-sentinel-mismatch", "the runner pads state indices with 0, the kernel skips only -1",
+           ("sanitize-pad",), {"runner.pad": Pad.OTHER, "kernel_sentinel": -1}, modes=("full",),
+           standalone=True, cases="vLLM 35431, 39064"),
+    Hazard("shared-pool-weakref", "graph 0's outputs are held by weak reference in the shared pool, so graph 1's "
+           "capture places its tensors over them and a reader of graph 0's outputs sees them overwritten",
+           ("private-pool", "clone-outputs"), {"runner.weak_first_output": True}, modes=("piecewise",),
+           cases="PyTorch 122192"),
+    Hazard("output-alias", "graph 1 (reinplaced by a compiler) adds into graph 0's `residual` output in place",
+           ("clone-outputs",), {"island.reinplace_residual": True}, modes=("piecewise",), replay_only=True,
+           cases="lab notes 2026-06-14i (graph-0 output alias)"),
+    Hazard("fresh-alloc-split-op", "the eager splitting op returns a fresh tensor; graph 1 reads the captured address",
+           ("copy-inputs",), {"island.fresh_core_out": True}, modes=("piecewise",), standalone=True,
+           cases="vLLM 37363, 37361, 37395, 53915"),
+    Hazard("frozen-python-state", "the MoE trims rows to the forward context's token count, a Python int the "
+           "graph freezes at capture", ("recapture", "eager-family=moe"), {"island.trim_moe_to_context": True},
+           standalone=True, cases="PyTorch 114844, vLLM 51928"),
+    Hazard("undeclared-mutation", "the GDN decode op writes ssm_state but its schema declares no mutation",
+           ("declare",), {"island.undeclared_decode": True}, detected_as="finding",
+           finding=UNDECLARED, cases="torch.library.opcheck"),
+    Hazard("side-stream-no-wait", "replay on a side stream, consumer on the main stream without an event",
+           ("event-wait",), {"runner.side_stream": True}, device_only=True, stream=True),
+    Hazard("async-output-copy", "a non-blocking device-to-host copy of outputs is read before it lands",
+           ("sync-output-copy",), {"runner.host_copy": HostCopy.ASYNC}, device_only=True, stream=True,
+           cases="lab: VLLM_XPU_SYNC_ASYNC_OUTPUT_COPY"),
+    Hazard("escaped-capture", "submod0's z projection is issued on a stream the capture does not follow",
+           ("capture-stream", "eager-family=submod0"), {"island.escape_z": True, "runner.relaxed_capture": True},
+           modes=("piecewise",), cases="PyTorch 196490, auto-round 2206"),
+    Hazard("comm-noop-capture", "the all-reduce is a no-op while capturing, so replay never reduces",
+           ("eager-family=comm",), {"comm.noop_capture": True}, islands=("forced_comm",),
+           cases="lab: VLLM_XPU_GRAPH_NOOP_COMM_CAPTURE"),
+    Hazard("allreduce-no-clone", "a registered-buffer all-reduce reads an input buffer that was overwritten",
+           ("clone-input",), {"comm.registered": True}, islands=("forced_comm",), stream=True,
+           cases="lab: VLLM_XPU_CUSTOM_ALLREDUCE_CLONE_INPUT=0"),
+    Hazard("comm-graph-then-eager", "a replayed captured all-reduce followed by an eager all-reduce", (),
+           {"comm.eager_after_replay": True}, islands=("forced_comm",), probe=True, cases="PyTorch 189403"),
+]}
+
+REPAIRS: dict[str, Repair] = {r.name: r for r in [
+    Repair("sanitize-pad", "padded rows carry the kernel's sentinel, refilled every step", {"runner.pad": Pad.SENTINEL},
+           standalone=True),
+    Repair("clone-outputs", "graph 0's outputs are copied to runner-owned buffers after each replay",
+           {"runner.clone_outputs": True}),
+    Repair("private-pool", "graph 1 is captured into a pool of its own; graph 0's outputs are held strongly",
+           {"runner.private_pool": True, "runner.weak_first_output": False}),
+    Repair("copy-inputs", "a fresh tensor returned by the splitting op is copied into graph 1's input buffer",
+           {"runner.copy_inputs": True}, standalone=True),
+    Repair("recapture", "a size is captured again when a forward-context value it froze has changed",
+           {"runner.recapture": True}, standalone=True),
+    Repair("eager-family=moe", "the MoE family (with submod1) runs eagerly between graphs",
+           {"runner.eager_families": {"moe"}}, piecewise_only=True, standalone=True),
+    Repair("eager-family=submod0", "submod0 runs eagerly; only submod1 is a graph",
+           {"runner.eager_families": {"submod0"}}, piecewise_only=True, standalone=True),
+    Repair("eager-family=submod1", "submod1 runs eagerly; only submod0 is a graph",
+           {"runner.eager_families": {"submod1"}}, piecewise_only=True, standalone=True),
+    Repair("eager-family=comm", "the all-reduce runs eagerly after each replay, outside the graph",
+           {"comm.eager_split": True}),
+    Repair("declare", "the decode op declares the state it writes in `mutates_args`",
+           {"island.undeclared_decode": False}),
+    Repair("event-wait", "the main stream waits on an event recorded after the side-stream replay",
+           {"runner.event_wait": True}, device_only=True),
+    Repair("sync-output-copy", "the host synchronises before it reads the copied outputs",
+           {"runner.host_copy": HostCopy.ASYNC_SYNCED}, device_only=True),
+    Repair("capture-stream", "the escaped work is issued on the capturing stream", {"island.escape_z": False}),
+    Repair("clone-input", "the registered all-reduce snapshots its input buffer when it is issued",
+           {"comm.registered": True, "comm.clone_input": True}),
+]}
+
+# Runner finding kinds that mean a planted hazard was seen (not merely noted, like an alias).
+FINDING_KINDS = frozenset(h.finding for h in HAZARDS.values() if h.finding)
+
+for _h in HAZARDS.values():  # the table is closed: every named repair exists
+    assert all(r in REPAIRS for r in _h.repairs), _h.name
+
+
+def options_for(hazards=(), repairs=()) -> Options:
+    """The options a case runs with: hazards' settings first, then the repairs' (a repair wins)."""
+    opts = Options()
+    for h in hazards:
+        hz = HAZARDS[h]
+        opts = apply(opts, hz.sets, replay_only=hz.replay_only)
+    for r in repairs:
+        opts = apply(opts, REPAIRS[r].sets)
+    return opts
+
+
+def check(hazards, repairs, mode: str, streams: bool, island: str = "chain") -> None:
+    """Refuse a knob that cannot apply to this island, mode or provider (`streams`: the provider
+    has device streams; the CPU tape has none)."""
+    for h in hazards:
+        if h not in HAZARDS:
+            raise Refused(f"unknown hazard {h!r} (known: {', '.join(HAZARDS)})")
+        hz = HAZARDS[h]
+        if mode not in hz.modes:
+            raise Refused(f"hazard {h} applies to --mode {'/'.join(hz.modes)} only ({hz.mechanism})")
+        if hz.device_only and not streams:
+            raise Refused(f"hazard {h} needs streams: the CPU tape has none (use --device cuda or xpu)")
+        if not hz.applies_to(island):
+            raise Refused(f"hazard {h} applies to island {'/'.join(hz.islands)}, not {island}")
+    for r in repairs:
+        if r not in REPAIRS:
+            raise Refused(f"unknown repair {r!r} (known: {', '.join(REPAIRS)})")
+        rep = REPAIRS[r]
+        if rep.device_only and not streams:
+            raise Refused(f"repair {r} needs streams: the CPU tape has none")
+        if rep.piecewise_only and mode == "full":
+            raise Refused(f"repair {r}: --mode full captures the decode chain as one graph, so no family "
+                          "can run eagerly inside it (use --mode piecewise)")
+
+
+def expectation(hazards, repairs) -> str:
+    """What a healthy stack gives for these knobs: "clean", "diverged" or "finding"."""
+    live = [h for h in hazards if not HAZARDS[h].probe and not any(r in repairs for r in HAZARDS[h].repairs)]
+    if not live:
+        return "clean"
+    return "finding" if all(HAZARDS[h].detected_as == "finding" for h in live) else "diverged"
+
+
+def planted(mode: str, streams: bool, island: str = "chain") -> list[Hazard]:
+    """The hazards a default run plants alone on `island` in `mode`."""
+    return [h for h in HAZARDS.values() if mode in h.modes and h.applies_to(island) and island in h.islands
+            and (streams or not h.device_only)]
+
+
+def check_comm(hazards, repairs) -> None:
+    """Refuse knobs the tensor-parallel slice cannot honour, or that contradict each other."""
+    for h in hazards:
+        if h not in HAZARDS or not HAZARDS[h].applies_to("forced_comm"):
+            mine = ", ".join(h.name for h in planted("piecewise", True, "forced_comm"))
+            raise Refused(f"hazard {h!r} does not apply to island forced_comm (its hazards: {mine})")
+    for r in repairs:
+        if r not in REPAIRS or not any(k.startswith("comm.") for k in REPAIRS[r].sets):
+            mine = ", ".join(sorted({x for h in planted("piecewise", True, "forced_comm") for x in h.repairs}))
+            raise Refused(f"repair {r!r} does not apply to island forced_comm (its repairs: {mine})")
+    c = options_for(hazards, repairs).comm
+    if c.registered and (c.noop_capture or c.eager_split):
+        raise Refused("the registered-buffer all-reduce (allreduce-no-clone / clone-input) already runs outside the "
+                      "graph: it does not combine with comm-noop-capture or eager-family=comm")
+    if c.eager_after_replay and (c.registered or c.eager_split or c.noop_capture):
+        raise Refused("comm-graph-then-eager needs an all-reduce captured in the graph: plant it alone "
+                      "(there is no known repair)")
+
+
+def cleared_by(hazard: str) -> tuple[str, ...]:
+    return HAZARDS[hazard].repairs

@@ -1,0 +1,1 @@
+"""Request sequences and the scheduler that turns them into steps."""
