@@ -20,12 +20,12 @@ import os as _os
 
 PROJECT = "repro-graph-replay"  # marker: this is the reproducer suite's `kernels`, not another package
 
-from kernels import registry  # noqa: E402  first: the op packages register into it
-from kernels import conv1d, gdn, moe, norms, w8a8_linear  # noqa: E402,F401  (define ops, register providers)
-from kernels import triton_provider  # noqa: E402  (the `triton` provider; lazy, needs triton + CUDA)
-from kernels import ops  # noqa: E402
-from kernels.errors import KernelSelectionError  # noqa: E402
-from kernels.ops import (causal_conv1d_fn, causal_conv1d_update, gated_delta_rule_decode,  # noqa: E402
+from kernels import registry
+from kernels import conv1d, gdn, moe, norms, w8a8_linear
+from kernels import triton_provider
+from kernels import ops
+from kernels.errors import KernelSelectionError
+from kernels.ops import (causal_conv1d_fn, causal_conv1d_update, gated_delta_rule_decode,
                          gated_delta_rule_prefill, gdn_gating, linear, moe_block, quantize_per_token,
                          quantize_with_scale, rms_norm, rms_norm_gated)
 

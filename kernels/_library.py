@@ -32,7 +32,7 @@ import types
 
 import torch
 
-_LIB = torch.library.Library("repro", "DEF")  # noqa: TOR901  (the namespace's one definition site)
+_LIB = torch.library.Library("repro", "DEF")
 namespace = types.SimpleNamespace()  # every op defined here, by name, as its `Op`
 
 _Tensor = torch.Tensor

@@ -11,5 +11,6 @@ OPS = ("w8a8_linear", "rms_norm", "add_rms_norm", "rms_norm_gated", "causal_conv
 GRAPH_SAFE = ("w8a8_linear", "rms_norm", "add_rms_norm", "rms_norm_gated", "causal_conv1d_update", "gdn_gating",
               "gated_delta_rule_decode", "moe")
 
-__all__ = list(OPS) + ["linear", "quantize_per_token", "quantize_with_scale", "moe_block",
-                       "OPS", "GRAPH_SAFE"]
+__all__ = ["w8a8_linear", "rms_norm", "add_rms_norm", "rms_norm_gated", "causal_conv1d_fn", "causal_conv1d_update",
+           "gdn_gating", "gated_delta_rule_decode", "gated_delta_rule_prefill", "moe", "linear", "quantize_per_token",
+           "quantize_with_scale", "moe_block", "OPS", "GRAPH_SAFE"]

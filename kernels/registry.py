@@ -135,7 +135,7 @@ def load_plugins(names) -> list[str]:
             if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
                 raise KernelSelectionError(f"kernel plugin {name!r}: no module named {e.name!r} on sys.path") from e
             raise KernelSelectionError(f"kernel plugin {name!r} failed to import: {_one_line(e)}") from e
-        except Exception as e:  # noqa: BLE001 - any failure of a user's module is reported as its own
+        except Exception as e:
             raise KernelSelectionError(f"kernel plugin {name!r} failed to import: {_one_line(e)}") from e
         loaded.append(name)
         if name not in _plugins:

@@ -144,9 +144,10 @@ def prepare_output_dir(path, force: bool = False, what: str = "--report", names=
 
     A missing directory must be creatable. An existing one must be empty, unless `force`: then
     `install_dir` replaces the entries the suite wrote there before (listed in its manifest) and
-    keeps everything else. Nothing is removed here, so a run that fails loses nothing. `names`: the files about to be written; one of them already there and not the
-    suite's is refused even with `force` (the user's file would be overwritten). Scratch folders
-    a killed run left (`.repro-staging-*`) are the suite's and always removed. `-o .` works: the
+    keeps everything else. Nothing is removed here, so a run that fails loses nothing. `names`:
+    the files about to be written; one of them already there and not the suite's is refused even
+    with `force` (the user's file would be overwritten). Scratch folders a killed run left
+    (`.repro-staging-*`) are the suite's and always removed. `-o .` works: the
     current directory is handled like any other.
     """
     p = Path(os.path.abspath(path))

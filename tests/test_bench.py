@@ -30,7 +30,7 @@ def test_floor_counts_the_right_bytes_on_the_tiny_config(model):
     copy = model.copy(num_slots=B)
     bf16, f32 = 2, 4
     H, conv_dim, vdim = 64, 2 * 2 * 16 + 4 * 16, 4 * 16
-    lin = lambda n, k: n * k + n * f32  # noqa: E731  int8 weight + fp32 scale
+    lin = lambda n, k: n * k + n * f32
     submod0 = B * H * bf16 + H * bf16 + lin(conv_dim, H) + lin(vdim, H) + lin(4, H) + lin(4, H)
     conv_row, ssm_row = conv_dim * 3 * bf16, 4 * 16 * 16 * f32
     gdn_core = conv_dim * 4 * bf16 + 4 * bf16 + 4 * bf16 + 2 * B * (conv_row + ssm_row)
@@ -38,7 +38,7 @@ def test_floor_counts_the_right_bytes_on_the_tiny_config(model):
     used = 5
     moe = 8 * H * bf16 + used * expert + lin(2 * 32, H) + lin(H, 32) + H * bf16
     submod1 = 16 * bf16 + lin(H, vdim) + H * bf16 + moe + H * bf16
-    f = lambda isl: bench.floor_bytes(isl, model.weights, model.head, model.next_norm, copy.cache, B, used)  # noqa: E731
+    f = lambda isl: bench.floor_bytes(isl, model.weights, model.head, model.next_norm, copy.cache, B, used)
     assert f("submod0") == submod0 == 3 * 128 + 128 + 8704 + 4352 + 272 + 272
     assert f("gdn_core") == gdn_core == 1024 + 16 + 2 * 3 * (768 + 4096)
     assert f("submod1") == submod1

@@ -6,7 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from repro.model.checkpoint import (Checkpoint, deinterleave_ba, deinterleave_qkvz, interleave_ba, interleave_qkvz, merge_shards)
+from repro.model.checkpoint import (Checkpoint, deinterleave_ba, deinterleave_qkvz, interleave_ba, interleave_qkvz,
+                                    merge_shards)
 from repro.model.config import TINY, ConfigError
 from repro.errors import BadInput, CheckpointError
 from repro.model.quant import quantize_weight

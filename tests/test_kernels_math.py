@@ -2,7 +2,6 @@
 halving over the length padded to a power of two with zeros), so a row sums to the same bits in any
 batch and on any device; the reference kernels' batch invariance rests on it."""
 import numpy as np
-import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 

@@ -135,7 +135,7 @@ def model(tiny_path):
 def test_pad_rows_carry_what_the_pad_option_names(model, pad, want):
     runner = GraphRunner(model.copy(num_slots=4), make_provider("cpu"), mode="full", sizes=(4,),
                          opts=RunnerOptions(pad=pad))
-    step = lambda slots: StepBatch(list(range(len(slots))), slots, [1] * len(slots), [True] * len(slots),  # noqa: E731
+    step = lambda slots: StepBatch(list(range(len(slots))), slots, [1] * len(slots), [True] * len(slots),
                                    [5] * len(slots), live_slots=slots)
     for b in (step([1, 2, 3, 4]), step([1, 2])):
         runner._fill(b, 4, b.on("cpu"))

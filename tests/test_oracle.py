@@ -12,7 +12,8 @@ from kernels.norms.reference import rms_norm_reference
 from repro.check.compare import BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM
 from repro.graphs import make_provider
 from repro.islands import Model
-from repro.job.cases import Case, default_sequence, exit_code, format_table, run_case, verdict
+from repro.job.cases import Case, default_sequence, run_case
+from repro.job.results import exit_code, format_table, verdict
 
 SEQ = default_sequence(seed=0, steps=24)
 

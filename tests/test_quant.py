@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from repro.errors import CheckpointError
-from repro.model.quant import (BF16, W8A8_INT8, QuantScheme, dequantize, quantize_per_token, quantize_weight, quark_config)
+from repro.model.quant import (BF16, W8A8_INT8, QuantScheme, dequantize, quantize_per_token, quantize_weight,
+                               quark_config)
 
 
 def _w(n=64, k=48, seed=0):

@@ -235,7 +235,7 @@ def test_router_ties_skips_its_rows_only_where_the_summaries_prove_none_is_over(
         if odd.endswith("both"):
             ref["submod1.next_normed"][r, 1] = v
     x_ref, x_other = _inputs(n) if n > 1 else (torch.ones(1, 32), torch.ones(1, 32))
-    routing = lambda: (x_ref, x_other, _router(lead=1e-3 if near else 10.0), 1)  # noqa: E731
+    routing = lambda: (x_ref, x_other, _router(lead=1e-3 if near else 10.0), 1)
     sums = summaries({k: (ref[k], other[k]) for k in ROUTED})
     assert router_ties(ref, other, routing, sums) == router_ties(ref, other, routing)
 
@@ -251,7 +251,7 @@ def test_departed_excuses_the_rows_a_router_tie_explains_and_nothing_else():
     moved[1] += 2.0  # a whole expert's share on the flipped row, and its canary token changed
     eager = {"submod1.hidden": moved, "head.token_ids": torch.tensor([3, 5])}
     batch = StepBatch([0, 1], [1, 2], [1, 1], [True, True], [7, 8], step=5, live_slots=[1, 2])
-    routing = lambda: (x_ref, x_eager, w, 1)  # noqa: E731
+    routing = lambda: (x_ref, x_eager, w, 1)
     for equal in (False, True):  # `copies_equal`: the lockstep saw the two copies equal (one judgement)
         who, why, first, ties = departed(batch, ref, eager, dict(eager), routing=routing, copies_equal=equal)
         assert who is None and set(ties) == {1}, why

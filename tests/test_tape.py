@@ -111,7 +111,6 @@ def test_arena_first_fit_and_merge():
 # ---- recording below custom ops, refusals, aliasing, the pool (issue 17) --------------------------
 
 def test_a_custom_op_is_recorded_as_the_aten_ops_of_its_body():
-    import kernels  # noqa: F401
     p = TapeProvider()
     x, w = torch.randn(3, 16, dtype=torch.bfloat16), torch.ones(16, dtype=torch.bfloat16)
     with torch.inference_mode():
@@ -172,7 +171,7 @@ def test_only_new_allocations_go_to_the_arena():
     with torch.inference_mode():
         g, (view, new) = p.capture(lambda: (x[2:], x @ x), pool)
     seg = pool.segments[0]
-    inside = lambda t: seg.data_ptr() <= t.data_ptr() < seg.data_ptr() + seg.numel()  # noqa: E731
+    inside = lambda t: seg.data_ptr() <= t.data_ptr() < seg.data_ptr() + seg.numel()
     assert view.data_ptr() == x[2:].data_ptr() and not inside(view)
     assert inside(new) and len(g.blocks) == 1
 

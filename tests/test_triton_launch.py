@@ -326,7 +326,7 @@ def test_autotuned_launches_use_the_chosen_config(rig):
         return [float(abs(B - best[n]))] * 3
     tuned = triton.autotune([triton.Config({"B": b}, num_warps=w) for b, w in ((16, 2), (32, 4), (64, 8))],
                             key=["n"], do_bench=bench)(k)
-    grid = lambda meta: (triton.cdiv(meta["n"], meta["B"]), meta["C"])  # noqa: E731
+    grid = lambda meta: (triton.cdiv(meta["n"], meta["B"]), meta["C"])
     rng = random.Random(1)
     x = torch.zeros(64)
     for _ in range(100):
@@ -399,7 +399,7 @@ def test_refused_fills(rig):
     assert TL.cached(k) == 1
     TL.launch(k, (1,), x, x, 16, 3, 1.5, 2.5, B=16)          # a float at a constexpr position
     assert TL.cached(k) == 1
-    bench = lambda call, quantiles: (call(), [1.0] * 3)[1]  # noqa: E731
+    bench = lambda call, quantiles: (call(), [1.0] * 3)[1]
     for kw in (dict(restore_value=["x_ptr"]), dict(reset_to_zero=["x_ptr"]), dict(pre_hook=lambda *a, **k: 0),
                dict(post_hook=lambda *a, **k: 0)):
         t = triton.autotune([triton.Config({"B": 16}), triton.Config({"B": 32})], key=["n"], do_bench=bench,

@@ -100,7 +100,7 @@ def test_provider_calls_fit_torch_xpu_graph():
 def test_provider_calls_fit_installed_ipex_graph():
     try:
         ipex = importlib.import_module("intel_extension_for_pytorch")
-    except Exception as e:  # noqa: BLE001 - absent or not importable here: say which
+    except Exception as e:
         pytest.skip(f"needs intel-extension-for-pytorch 2.6.10/2.7.10 +xpu ({type(e).__name__}: {e})")
     xpu = getattr(ipex, "xpu", None)
     if xpu is None or not hasattr(xpu, "graph"):

@@ -12,7 +12,7 @@ import torch
 
 from kernels import registry
 from kernels._library import define
-from kernels.conv1d import reference, vectorized  # noqa: F401  (register providers)
+from kernels.conv1d import reference, vectorized
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
 

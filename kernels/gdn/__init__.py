@@ -17,7 +17,7 @@ import torch
 
 from kernels import registry
 from kernels._library import define
-from kernels.gdn import fla, reference, vectorized  # noqa: F401  (register providers)
+from kernels.gdn import fla, reference, vectorized
 from kernels.gdn.common import check_gdn
 
 # FLA's decode, called by keyword, is batch-invariant: rows at B=1..7 equal the same rows inside a

@@ -14,7 +14,7 @@ import torch
 
 from kernels import registry
 from kernels._library import define
-from kernels.moe import reference, vectorized, vllm_xpu  # noqa: F401  (register providers)
+from kernels.moe import reference, vectorized, vllm_xpu
 from kernels.moe.common import check_moe
 
 __all__ = ["moe", "moe_block"]

@@ -12,7 +12,7 @@ import torch
 
 from kernels import registry
 from kernels._library import define
-from kernels.norms import reference, vllm_xpu  # noqa: F401  (register providers)
+from kernels.norms import reference, vllm_xpu
 
 __all__ = ["rms_norm", "add_rms_norm", "rms_norm_gated"]
 

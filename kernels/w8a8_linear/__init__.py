@@ -14,7 +14,7 @@ from kernels._library import define
 import torch.nn.functional as F
 
 from kernels import registry
-from kernels.w8a8_linear import reference, torch_int_mm  # noqa: F401  (register providers)
+from kernels.w8a8_linear import reference, torch_int_mm
 from kernels.w8a8_linear.quant import dequantize_output, quantize_per_token, quantize_with_scale
 
 __all__ = ["w8a8_linear", "linear", "quantize_per_token", "quantize_with_scale", "dequantize_output"]

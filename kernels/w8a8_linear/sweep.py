@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
-    log = lambda s: print(s, flush=True)  # noqa: E731
+    log = lambda s: print(s, flush=True)
     rows = []
     for shape in a.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))

@@ -106,7 +106,7 @@ def w8a8_linear(x, w, w_scale, bias):
             HAS_BIAS=bias is not None)
         return out
     BM = 16
-    grid = lambda meta: (_cdiv(N, meta["BN"]), _cdiv(M, BM))  # noqa: E731
+    grid = lambda meta: (_cdiv(N, meta["BN"]), _cdiv(M, BM))
     launch(_w8a8_kernel, grid, x, w, ws, b, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), _np2(min(M, 64)),
            HAS_BIAS=bias is not None, BM=BM)
     return out

@@ -53,7 +53,7 @@ def run_checked(model, provider, island: str, mode: str, seq, check: str = "devi
     if island in ISLAND_MODES:
         opts = replace(opts, runner=replace(opts.runner,
                                             eager_families=opts.runner.eager_families | ISLAND_MODES[island][1]))
-    make = lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=0)  # noqa: E731
+    make = lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=0)
     if check == "unchecked":
         return run_unchecked(provider, seq.batches(), make, mode, opts, seq.max_tokens)
     return run_lockstep(make, provider, seq.batches(), mode=mode, opts=opts, max_tokens=seq.max_tokens, check=check,
@@ -108,7 +108,8 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
     (an `islands.Model`) and `provider`. `every`: the third copy's cadences, one "reference" row
     each (default: the device's, `reference_copy.default_every`); a row says how many steps the
     third copy ran. The moe island has no third copy: one "reference" row, the device check."""
-    from ..job.cases import default_sequence, device_name
+    from ..job.cases import default_sequence
+    from ..job.results import device_name
     from ..check.reference_copy import default_every
     every = tuple(every) if every else (default_every(provider.device),)
     log = log or (lambda s: None)

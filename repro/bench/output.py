@@ -6,7 +6,8 @@ from pathlib import Path
 
 import sys
 
-from .replay import (BENCH_ISLANDS, CHOICES, MODES, TARGET_FLOOR_RATIO, TARGET_SPEEDUP, BenchResult, checkpoint_for, parse_batches, run_bench, targets)
+from .replay import (BENCH_ISLANDS, CHOICES, MODES, TARGET_FLOOR_RATIO, TARGET_SPEEDUP, BenchResult, checkpoint_for,
+                     parse_batches, run_bench, targets)
 from ..errors import BadInput
 
 

@@ -41,8 +41,8 @@ from pathlib import Path
 import torch
 
 from ..errors import BadInput
-from .floor import floor_bytes, routed_experts_used, _MoESpy  # noqa: F401  (public: tests, lockrates)
-from .timing import Clock, copy_bandwidth, kernel_profile  # noqa: F401
+from .floor import floor_bytes, routed_experts_used, _MoESpy
+from .timing import Clock, copy_bandwidth, kernel_profile
 
 
 BENCH_ISLANDS = ("submod0", "gdn_core", "submod1", "moe")
@@ -80,7 +80,7 @@ class Row:
         return self.replay_us / self.floor_us if self.floor_us else None
 
     def to_json(self) -> dict:
-        r = lambda v, n=2: None if v is None else round(v, n)  # noqa: E731
+        r = lambda v, n=2: None if v is None else round(v, n)
         return {"island": self.island, "batch": self.batch, "eager_us": r(self.eager_us),
                 "replay_us": r(self.replay_us), "floor_us": r(self.floor_us, 3), "repair": self.repair,
                 "mode": self.mode, "timing": self.timing, "floor_bytes": self.floor_bytes,
@@ -201,19 +201,19 @@ class Bench:
                 isl(input_ids=ids)
                 isl.block = spy.block
                 used = routed_experts_used(self.model.weights.moe, spy.x, self.cfg.num_experts_per_tok)
-                fn = lambda: isl(input_ids=ids)  # noqa: E731
+                fn = lambda: isl(input_ids=ids)
             else:
                 c = self._copy(batch)
                 cache = c.cache
                 meta = decode_meta(batch, dev, c.cache.sentinel)
                 o0 = c.submod0(input_ids=ids)
                 if name == "submod0":
-                    fn = lambda: c.submod0(input_ids=ids)  # noqa: E731
+                    fn = lambda: c.submod0(input_ids=ids)
                 elif name == "gdn_core":
-                    fn = lambda: c.gdn_core(qkv=o0["qkv"], b=o0["b"], a=o0["a"], core_out=o0["core_out"],  # noqa: E731
+                    fn = lambda: c.gdn_core(qkv=o0["qkv"], b=o0["b"], a=o0["a"], core_out=o0["core_out"],
                                             meta=meta)
                 else:
-                    fn0 = lambda: c.gdn_core(qkv=o0["qkv"], b=o0["b"], a=o0["a"], core_out=o0["core_out"],  # noqa: E731
+                    fn0 = lambda: c.gdn_core(qkv=o0["qkv"], b=o0["b"], a=o0["a"], core_out=o0["core_out"],
                                              meta=meta)
                     fn0()
                     spy = _MoESpy(c.submod1.moe)
@@ -221,7 +221,7 @@ class Bench:
                     c.submod1(core_out=o0["core_out"], z=o0["z"], residual=o0["residual"])
                     c.submod1.moe = spy.block
                     used = routed_experts_used(self.model.weights.moe, spy.x, self.cfg.num_experts_per_tok)
-                    fn = lambda: c.submod1(core_out=o0["core_out"], z=o0["z"], residual=o0["residual"])  # noqa: E731
+                    fn = lambda: c.submod1(core_out=o0["core_out"], z=o0["z"], residual=o0["residual"])
             eager = self.clock(fn)
             g = _capture(self.provider, fn)
             replay = self.clock(g.replay)
@@ -360,7 +360,7 @@ def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, rep
     from kernels import registry
 
     from ..islands import Model
-    from ..job.cases import device_name
+    from ..job.results import device_name
     log = log or (lambda s: None)
     model = Model(checkpoint, provider.device)
     bw = copy_bandwidth(provider.device)

@@ -23,7 +23,7 @@ from ..islands.gdn import GDNMeta, Submod0, Submod1
 from ..islands.layer import LayerCopy, collect
 from ..knobs.options import HostCopy, Mode, Pad, RunnerOptions
 from .finding import Finding
-from .race import HostReadback, RaceLog, device_delay, is_poison, poison_  # noqa: F401 (re-exported)
+from .race import HostReadback, RaceLog, device_delay, is_poison, poison_
 
 __all__ = ["DEFAULT_SIZES", "EagerRunner", "Finding", "GraphRunner", "HostReadback", "PieceRunner", "RaceLog",
            "pad_size"]
@@ -300,7 +300,7 @@ class GraphRunner:
             held = {**o0, **cap.owned0}
         meta = d.meta
         kind = (batch.num_decodes > 0, batch.num_tokens > batch.num_decodes)
-        core = (lambda: c.core(o0, meta, n))  # noqa: E731
+        core = (lambda: c.core(o0, meta, n))
         fresh = self._linted(core) if self._lint.due(kind, batch.step) else core()
         if fresh.data_ptr() != o0["core_out"].data_ptr():
             self._note("alias", "gdn_core", "gdn_core returned a fresh tensor, not the core_out buffer graph 1 "

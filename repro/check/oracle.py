@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from .compare import (BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM, Divergence, compare_outputs, first_row, magnitude, max_abs, nonfinite_side, ordered, row_owner, same, summaries)
+from .compare import (BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM, Divergence, compare_outputs,
+                      first_row, magnitude, max_abs, nonfinite_side, ordered, row_owner, same, summaries)
 from ..capture.piece import pad_size
 from ..islands.gdn import GDNMeta
 from .kernelcase import locate
@@ -376,8 +377,8 @@ class ChainProbe:
     def kernel_case(self, batch, kind: str, pre: dict):
         """The kernel call that shows a `kind` finding at this step (`kernelcase.locate`), or None."""
         size = self.padded_size(batch)
-        exact = lambda: self.exact(batch, pre)  # noqa: E731
-        padded = (lambda: self.padded(batch, pre, size)) if size is not None else exact  # noqa: E731
+        exact = lambda: self.exact(batch, pre)
+        padded = (lambda: self.padded(batch, pre, size)) if size is not None else exact
         if kind == BATCH_VARIANCE:
             return locate(kind, exact, padded)
         return locate(kind, exact, exact) or locate(kind, padded, padded)
@@ -408,7 +409,7 @@ class IslandProbe:
         """The kernel call that shows a `kind` finding at this step (`kernelcase.locate`), or None."""
         n = batch.num_tokens
         size = pad_size(n, self.sizes) or n
-        exact, padded = (lambda: self._run(batch, n)), (lambda: self._run(batch, size))  # noqa: E731
+        exact, padded = (lambda: self._run(batch, n)), (lambda: self._run(batch, size))
         if kind == BATCH_VARIANCE:
             return locate(kind, exact, padded)
         return locate(kind, exact, exact) or locate(kind, padded, padded)

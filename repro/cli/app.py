@@ -142,7 +142,8 @@ def _run(a) -> int:
     from ..graphs import make_provider
     from ..search.hunt import kernel_sentinel
     from ..islands import Model
-    from ..job.cases import default_sequence, device_name, format_table, plan, run_case, verdict
+    from ..job.cases import default_sequence, plan, run_case
+    from ..job.results import device_name, format_table, verdict
     from ..job.results import exit_code
     from ..progress import for_cases
     from ..scheduler.sequence import Sequence

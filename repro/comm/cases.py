@@ -55,6 +55,6 @@ def plan(hazards=(), repairs=()) -> list[CommCase]:
     """Explicit knobs -> that one case; none -> baseline and every hazard with and without its repair."""
     cases = [CommCase(tuple(hazards), tuple(repairs))] if (hazards or repairs) else _default_plan()
     for c in cases:
-        c.mode  # noqa: B018  (refuses knobs forced_comm cannot honour)
+        c.mode
     return cases
 

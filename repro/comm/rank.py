@@ -61,7 +61,7 @@ def _rank_main(rank: int, spec: dict) -> None:
     code = 0
     try:
         _rank_run(rank, spec, progress)
-    except BaseException:  # noqa: BLE001 - everything is reported to the parent
+    except BaseException:
         code = 1
         with open(os.path.join(spec["outdir"], f"error.{rank}.txt"), "w") as f:
             f.write(traceback.format_exc())

@@ -13,6 +13,7 @@ case; `(rank, step, "hang")` makes it stop answering instead. The CLI reads
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import pickle
@@ -56,7 +57,7 @@ def _backend(kind: str, forced: str | None = None) -> str:
     if getattr(dist, "is_xccl_available", lambda: False)():
         return "xccl"
     try:
-        import oneccl_bindings_for_pytorch  # noqa: F401
+        importlib.import_module("oneccl_bindings_for_pytorch")  # registers the "ccl" backend
         return "ccl"
     except Exception as e:  # pragma: no cover - only on XPU stacks
         raise DeviceUnavailable(f"--device xpu: torch has no XCCL (torch >= 2.8) and oneccl_bindings_for_pytorch "
@@ -107,7 +108,7 @@ def run_forced_comm(checkpoint=None, tp: int = 2, device: str = "cpu", hazards=(
     else:
         cases = [c if isinstance(c, CommCase) else CommCase(tuple(c[0]), tuple(c[1])) for c in cases]
         for c in cases:
-            c.mode  # noqa: B018
+            c.mode
     if checkpoint is None:
         from ..model.tiny import default_checkpoint
         checkpoint = default_checkpoint()

@@ -188,7 +188,7 @@ def xpu_provider(index: int = 0) -> DeviceGraphProvider:
         name = "ipex-xpu" if is_ipex(xpu.XPUGraph) else "xpu"
         return _named(DeviceGraphProvider(name, dev, xpu.XPUGraph, xpu.graph, pool, xpu), xpu.XPUGraph, xpu.graph)
     try:
-        import intel_extension_for_pytorch as ipex  # noqa: F401
+        import intel_extension_for_pytorch as ipex
     except Exception as e:  # pragma: no cover - only on XPU stacks
         raise DeviceUnavailable(f"XPU found but this torch has no torch.xpu.XPUGraph and IPEX does not import ({e})")
     ipex_xpu = getattr(ipex, "xpu", None)

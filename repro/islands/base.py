@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from ..knobs.options import IslandOptions
 from ..model.weights import Linear
 
-import kernels  # noqa: F401  (registers torch.ops.repro.*)
 from kernels._library import namespace as ops  # torch.ops.repro.*, called straight to the body when no mode is on
 
 

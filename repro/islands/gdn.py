@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..model.config import ModelConfig
 from ..model.weights import HeadWeights, LayerWeights
-from . import hazard_ops  # noqa: F401  (registers the hazard op variants)
+from .hazard_ops import gated_delta_rule_decode_undeclared
 from .base import Island, linear, ops
 
 
@@ -123,7 +123,7 @@ class GDNCore(Island):
             y = ops.causal_conv1d_update(qkv[:nd], self.conv_w, self.cache.conv, idx, s)
             q, k, v = self._split(y)
             g, beta = ops.gdn_gating(self.w.A_log, a[:nd], self.w.dt_bias, b[:nd])
-            rule = ops.gated_delta_rule_decode_undeclared if undeclared else ops.gated_delta_rule_decode
+            rule = gated_delta_rule_decode_undeclared if undeclared else ops.gated_delta_rule_decode
             out[:nd].copy_(rule(q, k, v, g, beta, self.cache.ssm, idx, s))
         if nt > nd:
             qsl = meta.query_start_loc[nd:] - nd

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-import kernels  # noqa: F401
 from kernels._library import define
 
 

@@ -12,7 +12,7 @@ from ..errors import BadInput
 from ..islands import Model
 from ..lockstep.lockstep import run_lockstep
 from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
-from .results import Case, CaseResult, device_name, exit_code, format_table, verdict  # noqa: F401  (re-exported)
+from .results import Case, CaseResult
 from ..scheduler.sequence import Sequence, random_sequence
 
 # Islands the single-rank job covers, and how each maps onto a runner setting: the capture mode

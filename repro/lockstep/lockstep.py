@@ -34,14 +34,15 @@ import torch
 
 from ..control.batch import StepBatch
 from ..capture.piece import DEFAULT_SIZES
-from ..check.compare import (CORRUPTION, KERNEL_FINDINGS, ROUTING_TIE, UNOWNED, WEIGHTS, Divergence, compare_outputs, compare_slots, compare_step, digest, max_abs, row_owner)
-from ..islands.layer import LayerCopy  # noqa: F401
+from ..check.compare import (CORRUPTION, KERNEL_FINDINGS, ROUTING_TIE, UNOWNED, WEIGHTS, Divergence, compare_outputs,
+                             compare_slots, compare_step, digest, max_abs, row_owner)
+from ..islands.layer import LayerCopy
 from ..knobs.options import Options
 from ..check.oracle import ChainProbe, IslandProbe, routing_inputs
 from ..capture.runner import EagerRunner, GraphRunner, PieceRunner
 from ..check.reference_copy import ReferenceCopy, departed, name_weight_writer
 from ..check.stepcheck import StepCheck, Verdict
-from ..model.weights import copy_weights, island_weights  # noqa: F401 (re-exported)
+from ..model.weights import copy_weights, island_weights
 
 __all__ = ["Divergence", "Lockstep", "LockstepResult", "compare_step", "digest", "run_lockstep", "run_moe_lockstep"]
 

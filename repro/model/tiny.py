@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 from .checkpoint import INDEX_FILE, SINGLE_FILE, interleave_ba, interleave_qkvz
 from .config import GDN, PRESETS, ModelConfig
 from ..errors import BadInput
-from ..io import cache_dir  # noqa: F401  (re-exported: bench imports it from here)
+from ..io import cache_dir
 from .quant import quantize_weight, quark_config
 
 QUANTISED = ("production", "experts", "none")
@@ -171,7 +171,8 @@ def _linear_modules(c: ModelConfig, naming: str, experts: str, multimodal: bool)
     for i, t in enumerate(c.layer_types):
         p = f"{c.prefix}layers.{i}."
         if t == GDN:
-            projs = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a") if naming == "split" else ("in_proj_qkvz", "in_proj_ba")
+            projs = (("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a") if naming == "split"
+                     else ("in_proj_qkvz", "in_proj_ba"))
             out += [(p + "linear_attn." + n, "attn") for n in (*projs, "out_proj")]
         else:
             out += [(p + "self_attn." + n, "attn") for n in ("q_proj", "k_proj", "v_proj", "o_proj")]

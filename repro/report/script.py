@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..knobs import hazards as hz
 from .standalone.generate import GenerationError, render_script, script_options
-from .load import kernel_sentinel, standalone_gap  # noqa: F401  (standalone_gap: re-exported)
+from .load import kernel_sentinel, standalone_gap
 
 # Largest embedded weights file (a real 35B-A3B layer with all experts is ~0.9 GB: too big to attach).
 EMBED_LIMIT = 64 << 20

@@ -14,7 +14,8 @@ from ..config import ConfigError, ModelConfig
 from ...errors import CheckpointError
 from ..quant import QuantScheme
 from .checks import _Checks
-from .files import (IGNORED_PREFIXES, INDEX_FILE, PREFIX_MULTIMODAL, PREFIX_TEXT, ReadStats, TensorInfo, _Reader, check_index, read_header, shard_files)
+from .files import (IGNORED_PREFIXES, INDEX_FILE, PREFIX_MULTIMODAL, PREFIX_TEXT, ReadStats, TensorInfo, _Reader,
+                    check_index, read_header, shard_files)
 from .layout import _Layout
 from .sharding import _Loading
 

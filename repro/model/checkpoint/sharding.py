@@ -104,7 +104,7 @@ class _Loading:
 
     def _load_moe(self, rd: _Reader, s: dict[str, Spec], r: int, n: int) -> MoEWeights:
         c = self.config
-        E, I, Is = c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
+        I, Is = c.moe_intermediate_size, c.shared_expert_intermediate_size
         i, si = I // n, Is // n
         if "mlp.experts.gate_up_proj" in s:
             gu = s["mlp.experts.gate_up_proj"]
@@ -242,7 +242,8 @@ def merge_shards(shards: Sequence[LayerWeights]) -> LayerWeights:
         shared_gate_up=Linear(_merge_gate_up([m.shared_gate_up.weight for m in ms], 0),
                               _merge_gate_up([m.shared_gate_up.scale for m in ms], 0)),
         shared_down=Linear(torch.cat([m.shared_down.weight for m in ms], 1),
-                           None if ms[0].shared_down.scale is None else _same((m.shared_down.scale for m in ms), "shared down scale")),
+                           None if ms[0].shared_down.scale is None
+                           else _same((m.shared_down.scale for m in ms), "shared down scale")),
         shared_expert_gate=_same((m.shared_expert_gate for m in ms), "mlp.shared_expert_gate.weight"),
     )
     return LayerWeights(

@@ -665,7 +665,7 @@ def pick_device(want):
         xpu = getattr(torch, "xpu", None)
         if xpu is None or not xpu.is_available():
             try:  # older stacks register the XPU device through IPEX
-                import intel_extension_for_pytorch  # noqa: F401  (registers the XPU device)
+                import intel_extension_for_pytorch  # registers the XPU device
             except ImportError:
                 pass
             xpu = getattr(torch, "xpu", None)
