@@ -16,7 +16,7 @@ from ..control.batch import StepBatch
 from ..knobs.hazards import options_for
 from ..capture.piece import DEFAULT_SIZES
 from ..lockstep.lockstep import Lockstep
-from ..scheduler.sequence import _token
+from ..scheduler.scheduler import _token
 
 MAX_TOKENS = 8
 
