@@ -1,4 +1,4 @@
-"""Issue 15: FLA's fused_recurrent_gated_delta_rule "nondeterminism" is a call with beta in gk's place.
+"""FLA's fused_recurrent_gated_delta_rule "nondeterminism" is a call with beta in gk's place.
 
 fla-core (0.3.2 .. 0.6.0 at least) defines
     fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None, ...)
@@ -8,7 +8,7 @@ kernel reads as [1, T, HV, K] (128x more floats than exist: what lies after beta
 per-key log decay, and runs with beta = 1.
 
 This script puts beta at the start of a larger buffer and changes only the bytes after it.
-Exit 1: the positional call's result changes with those bytes (the issue-15 effect reproduces).
+Exit 1: the positional call's result changes with those bytes (the misordered call's effect reproduces).
 Exit 0: it does not. The keyword call is checked too (must be deterministic, memory-independent
 and match an fp64 reference within bf16 output rounding). Imports only torch and fla.
 """

@@ -47,7 +47,7 @@ def cu(B):
 
 
 def positional(q, k, v, gate, beta, h0):
-    """The call as issue 15's probes (and kernels/gdn/fla.py at main) made it."""
+    """The positional call, as the first probes and the `fla` provider (kernels/gdn/fla.py) made it before the fix."""
     return fr(q, k, v, gate, beta, scale=D ** -0.5, initial_state=h0, output_final_state=True,
               cu_seqlens=cu(q.shape[1]), use_qk_l2norm_in_kernel=True)
 
@@ -92,8 +92,8 @@ def same(a, b):
     return torch.equal(a, b) if a.shape == b.shape else False
 
 
-# ---------------------------------------------------------------- A: the positional call (issue 15)
-print("\n== A: positional call fr(q, k, v, g, beta, ...) as in issue 15 ==")
+# ---------------------------------------------------------------- A: the positional call (the misordered one)
+print("\n== A: positional call fr(q, k, v, g, beta, ...) as first made ==")
 for B in (3, 5, 8):
     args = inputs(B)
     r = [run(positional, args) for _ in range(3)]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import torch  # noqa: E402
+import torch
 
-from kernels import registry  # noqa: E402
-from kernels.samples import sample_args  # noqa: E402
+from kernels import registry
+from kernels.samples import sample_args
 
 print("fla provider:", registry.providers("gated_delta_rule_decode")["fla"])
 dec, pre = torch.ops.repro.gated_delta_rule_decode, torch.ops.repro.gated_delta_rule_prefill
