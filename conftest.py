@@ -34,7 +34,7 @@ def pytest_configure(config):
         import torch
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
     from repro.search.hunt import register_profiles, settings
-    register_profiles()  # ci / dev / soak (not registered at import)
+    register_profiles(_cache())  # ci / dev / soak (not registered at import)
     settings.load_profile(config.getoption("--hypothesis-profile-name"))
 
 
@@ -43,6 +43,17 @@ def pytest_collection_modifyitems(config, items):
         for name in ISLAND_MARKERS:
             if item.get_closest_marker(name) and name not in item.keywords:
                 item.add_marker(name)
+
+
+def _cache():
+    """The tests' cache: `$REPRO_CACHE` as the command line reads it (None: ~/.cache/repro)."""
+    from repro.cli import environ
+    return environ.cache()
+
+
+@pytest.fixture(scope="session")
+def cache():
+    return _cache()
 
 
 @pytest.fixture(scope="session")

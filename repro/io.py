@@ -22,11 +22,11 @@ MANIFEST = ".repro-manifest.json"  # in a report directory: the names the suite 
 STAGING = ".repro-staging-"  # scratch folders inside a report directory while it is written
 
 
-def cache_dir() -> Path:
-    """`$REPRO_CACHE`, or `~/.cache/repro` when it is unset or empty: the embedded checkpoint,
-    the Hypothesis database and saved hunts all live here (never in the working directory)."""
-    v = os.environ.get("REPRO_CACHE")
-    return Path(v).expanduser() if v else Path.home() / ".cache" / "repro"
+def cache_dir(root=None) -> Path:
+    """The cache: `root` (the command line passes `$REPRO_CACHE`), or `~/.cache/repro` when it is
+    None or empty. The embedded checkpoint, the Hypothesis database and saved hunts live here
+    (never in the working directory)."""
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "repro"
 
 
 def _nearest_existing(p: Path) -> Path:

@@ -32,8 +32,8 @@ def _all_steps(r, res):
 
 
 @pytest.fixture(scope="module")
-def ckpt():
-    return default_checkpoint()
+def ckpt(cache):
+    return default_checkpoint(cache)
 
 
 def _run(ckpt, **kw):

@@ -2,7 +2,6 @@
 the database under the cache, flaky failures in one line, findings hunted, the largest captured
 decode batch reachable, minimal sequences cut after the divergence, replay lines that replay."""
 import json
-from pathlib import Path
 
 import pytest
 
@@ -48,22 +47,20 @@ class _Div:
 
 def test_the_database_is_under_the_cache_not_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("REPRO_CACHE", str(tmp_path / "cache"))
-    seq, div = H.hunt(lambda s: _Div(), max_examples=3)
+    seq, div = H.hunt(lambda s: _Div(), max_examples=3, cache=tmp_path / "cache")
     assert seq is not None
     assert (tmp_path / "cache" / "hypothesis").is_dir()
     assert not (tmp_path / ".hypothesis").exists()
 
 
-def test_a_flaky_failure_is_one_exception_not_a_traceback(tmp_path, monkeypatch):
-    monkeypatch.setenv("REPRO_CACHE", str(tmp_path))
+def test_a_flaky_failure_is_one_exception_not_a_traceback(tmp_path):
     calls = []
 
     def once(s):
         calls.append(s)
         return _Div() if len(calls) == 1 else None
     with pytest.raises(H.FlakyHunt, match="did not reproduce"):
-        H.hunt(once, max_examples=5)
+        H.hunt(once, max_examples=5, cache=tmp_path)
 
 
 def test_the_search_space_reaches_the_largest_captured_size():
@@ -83,7 +80,7 @@ def test_minimal_sequences_are_cut_after_the_divergence():
 
 
 def test_replay_line_keeps_every_option_and_the_file_name_has_the_island():
-    o = H.HuntOptions(checkpoint=Path("/m"), model="/m", device="cpu", island="moe", layer=2, sentinel=-1,
+    o = H.HuntConfig(model="/m", device="cpu", island="moe", layer=2, sentinel=-1,
                       hazards=("frozen-python-state",))
     save = H.save_path(o, "piecewise")
     assert save.name.startswith("moe-frozen-python-state-piecewise")
@@ -113,3 +110,4 @@ def test_pad_sentinel_mismatch_replays(tiny_path, tmp_path, capsys):
     assert d["results"][0]["diverged"] is True
     line = capsys.readouterr().out.split("replay: ")[1].strip().split()
     assert main(line[1:]) == 1
+

@@ -152,23 +152,22 @@ def test_a_preset_too_big_for_memory_is_one_line(tmp_path, capsys, monkeypatch):
 
 
 def test_out_of_memory_during_a_run_is_one_line(tiny_path, capsys, monkeypatch):
-    import repro.islands as isl
+    import repro.job.run as job
 
     def oom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
-    monkeypatch.setattr(isl, "Model", oom)
+    monkeypatch.setattr(job, "Model", oom)
     _one_line_exit_2(capsys, _run(tiny_path, "--steps", "2"), "out of memory")
 
 
-def test_a_corrupted_cached_checkpoint_is_rebuilt(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("REPRO_CACHE", str(tmp_path))
-    p = tiny.default_checkpoint()
+def test_a_corrupted_cached_checkpoint_is_rebuilt(tmp_path, capsys):
+    p = tiny.default_checkpoint(tmp_path)
     good = (p / "model.safetensors").read_bytes()
     bad = bytearray(good)
     bad[-10] ^= 0xFF  # data bytes: the headers still parse, only the digest sees it
     (p / "model.safetensors").write_bytes(bytes(bad))
     assert tiny.verify(p) is not None
-    assert tiny.default_checkpoint() == p
+    assert tiny.default_checkpoint(tmp_path) == p
     assert "rebuilding" in capsys.readouterr().err
     assert (p / "model.safetensors").read_bytes() == good and tiny.verify(p) is None
 

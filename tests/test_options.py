@@ -78,7 +78,7 @@ def test_comm_mode_follows_the_comm_options():
 
 
 def test_help_lists_every_hazard_and_repair_once():
-    from repro.cli.app import knobs_help
+    from repro.cli.parser import knobs_help
     lines = knobs_help().splitlines()
     for name in list(hz.HAZARDS) + list(hz.REPAIRS):
         assert sum(line.split()[:1] == [name] for line in lines) == 1, name

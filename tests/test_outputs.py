@@ -85,11 +85,11 @@ def test_json_is_strict_non_finite_floats_become_strings(tmp_path):
     assert float(d["a"]) == float("inf")
 
 
-def test_cache_dir_is_one_and_ignores_an_empty_variable(monkeypatch, tmp_path):
-    monkeypatch.setenv("REPRO_CACHE", "")
-    assert io.cache_dir() == io.Path.home() / ".cache" / "repro"
-    monkeypatch.setenv("REPRO_CACHE", str(tmp_path))
-    assert io.cache_dir() == tmp_path
+def test_the_cache_is_read_from_the_environment_at_the_edge_only(tmp_path):
+    from repro.cli import environ
+    assert environ.cache({"REPRO_CACHE": ""}) is None and environ.cache({}) is None
+    assert io.cache_dir(None) == io.Path.home() / ".cache" / "repro"
+    assert io.cache_dir(environ.cache({"REPRO_CACHE": str(tmp_path)})) == tmp_path
     from repro.model import tiny
     assert tiny.cache_dir is io.cache_dir
 

@@ -381,13 +381,13 @@ def test_without_the_amplifier_the_run_still_works_and_reports_no_race(gpu):
 @pytest.mark.cuda
 @pytest.mark.forced_comm
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 NVIDIA GPUs")
-def test_allreduce_no_clone_detected_at_the_first_collective_in_10_of_10_runs_on_2_gpus():
+def test_allreduce_no_clone_detected_at_the_first_collective_in_10_of_10_runs_on_2_gpus(cache):
     from repro.comm import CommCase, run_forced_comm
     from repro.scheduler.sequence import random_sequence
     from repro.model.tiny import default_checkpoint
     batches = random_sequence(0, num_requests=4, vocab=512).batches()[:24]
     cases = [CommCase(("allreduce-no-clone",))] * 10 + [CommCase(("allreduce-no-clone",), ("clone-input",))] * 10
-    res = run_forced_comm(default_checkpoint(), tp=2, device="cuda", cases=cases, batches=batches, timeout=500)
+    res = run_forced_comm(default_checkpoint(cache), tp=2, device="cuda", cases=cases, batches=batches, timeout=500)
     assert res["failure"] is None, res["failure"]
     for r in res["results"][:10]:
         assert r["diverged"] and r["first_divergence"]["index"] <= 1, r

@@ -111,11 +111,10 @@ def test_bad_options_are_refused(tmp_path):
 
 
 def test_default_checkpoint_is_generated_once(tmp_path, monkeypatch):
-    monkeypatch.setenv("REPRO_CACHE", str(tmp_path / "cache"))
-    p = tiny.default_checkpoint()
+    p = tiny.default_checkpoint(tmp_path / "cache")
     assert p == tmp_path / "cache" / "tiny-seed0-v1" and (p / "config.json").is_file()
     mtime = (p / "model.safetensors").stat().st_mtime_ns
     monkeypatch.setattr(tiny, "make_tiny", lambda *a, **k: pytest.fail("regenerated"))
-    assert tiny.default_checkpoint() == p
+    assert tiny.default_checkpoint(tmp_path / "cache") == p
     assert (p / "model.safetensors").stat().st_mtime_ns == mtime
     assert sorted(os.listdir(tmp_path / "cache")) == ["tiny-seed0-v1"]

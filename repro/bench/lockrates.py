@@ -259,16 +259,16 @@ def target_line(r: dict) -> str | None:
 # --------------------------------------------------------------------------- CPU tiny rates
 
 
-def tiny_rates(steps: int = 60, examples: int = 20, seed: int = 0) -> dict:
+def tiny_rates(steps: int = 60, examples: int = 20, seed: int = 0, cache=None) -> dict:
     """On the CPU tape with the embedded tiny checkpoint: lockstep steps/s per mode (eager and
     replay copies in lockstep, compared every step) and Hypothesis examples/s at baseline. Runs
     on the default kernel providers: a `--kernels` selection is for the device, not the CPU."""
     from kernels import registry
     with registry.defaults():
-        return _tiny_rates(steps, examples, seed)
+        return _tiny_rates(steps, examples, seed, cache)
 
 
-def _tiny_rates(steps: int, examples: int, seed: int) -> dict:
+def _tiny_rates(steps: int, examples: int, seed: int, cache=None) -> dict:
     from ..knobs.options import MODES
     from ..graphs import TapeProvider
     from ..search.hunt import hunt
@@ -277,7 +277,7 @@ def _tiny_rates(steps: int, examples: int, seed: int) -> dict:
     from ..model.tiny import default_checkpoint
 
     provider = TapeProvider("cpu")
-    model = Model(default_checkpoint(), "cpu")
+    model = Model(default_checkpoint(cache), "cpu")
     seq = default_sequence(seed, steps, vocab=model.cfg.vocab_size)
     out: dict = {"checkpoint": "tiny (embedded)", "device": "cpu"}
     for mode in MODES:

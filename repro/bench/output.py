@@ -2,13 +2,17 @@
 profiles, the PNG, and the command line that reproduces a run."""
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-import sys
+from kernels import registry
 
 from .replay import (BENCH_ISLANDS, CHOICES, MODES, TARGET_FLOOR_RATIO, TARGET_SPEEDUP, BenchResult, checkpoint_for,
                      parse_batches, run_bench, targets)
 from ..errors import BadInput
+from ..graphs import make_provider
+from ..io import check_output_file, write_json
 
 
 def _f(v, fmt="{:.1f}"):
@@ -111,7 +115,34 @@ def plot(res: BenchResult, path) -> None:
     plt.close(fig)
 
 
-def command_line(a) -> str:
+@dataclass(frozen=True)
+class BenchConfig:
+    """What `repro bench` needs (the command line builds it; every option in `repro bench --help`)."""
+
+    model: Path | None = None  # None: the synthetic checkpoint of `preset`
+    preset: str = "tiny"
+    device: str = "auto"
+    island: str = "all"
+    mode: str | None = None
+    batches: str = "1,8,32"
+    iters: int = 50
+    warmup: int = 5
+    kernels: str | None = None
+    seed: int = 0
+    no_repairs: bool = False
+    no_tiny_rates: bool = False
+    quiet: bool = False
+    profile: int = 0
+    json: Path | None = None
+    plot: Path | None = None
+    lockstep_rates: bool = False
+    lockstep_steps: int = 400
+    hunt_examples: int = 20
+    reference_every: tuple[int, ...] | None = None
+    cache: Path | None = None  # None: `io.cache_dir`'s default
+
+
+def command_line(a: BenchConfig) -> str:
     """The `repro bench` line equivalent to the parsed options (for the JSON and the docs)."""
     parts = ["repro", "bench", "--device", a.device, "--island", a.island, "--batches", a.batches,
              "--iters", str(a.iters), "--warmup", str(a.warmup)]
@@ -130,9 +161,10 @@ def command_line(a) -> str:
     return " ".join(parts)
 
 
-def bench_cli(a) -> int:
-    from kernels import registry
-
+def bench_command(a: BenchConfig) -> int:
+    """`repro bench`: outputs checked first, then the measurements, the table and the files."""
+    check_output_file(a.json, "--json")
+    check_output_file(a.plot, "--plot")
     if a.island not in CHOICES:
         raise BadInput(f"unknown island {a.island!r} for bench (choose from {', '.join(CHOICES)})")
     batches = parse_batches(a.batches)
@@ -142,10 +174,9 @@ def bench_cli(a) -> int:
         return _bench(a, batches)
 
 
-def _bench(a, batches) -> int:
-    from ..graphs import make_provider
+def _bench(a: BenchConfig, batches) -> int:
     provider = make_provider(a.device)
-    path = Path(a.model) if a.model else checkpoint_for(a.preset, provider.device)
+    path = Path(a.model) if a.model else checkpoint_for(a.preset, provider.device, a.cache)
     modes = (a.mode,) if a.mode else MODES
     islands = BENCH_ISLANDS if a.island == "all" else ((a.island,) if a.island in BENCH_ISLANDS else ())
     chain = a.island in ("all", "chain")
@@ -154,16 +185,15 @@ def _bench(a, batches) -> int:
                     batches=batches, modes=modes, iters=a.iters, warmup=a.warmup, seed=a.seed,
                     rates=not a.no_tiny_rates, log=log, profile=a.profile,
                     lockstep_steps=a.lockstep_steps if a.lockstep_rates else 0, hunt_examples=a.hunt_examples,
-                    reference_every=a.reference_every)
+                    reference_every=a.reference_every, cache=a.cache)
     print(format_table(res))
     if a.profile:
         print(format_profiles(res))
     if a.json:
-        from ..io import write_json as _write_json
         doc = res.to_json()
         doc["command"] = command_line(a)
         doc["preset"] = None if a.model else a.preset
-        _write_json(a.json, doc)
+        write_json(a.json, doc)
     if a.plot:
         plot(res, a.plot)
         print(f"wrote {a.plot}")

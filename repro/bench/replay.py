@@ -335,17 +335,17 @@ def parse_batches(spec: str) -> list[int]:
     return out
 
 
-def checkpoint_for(preset: str, device) -> Path:
+def checkpoint_for(preset: str, device, cache=None) -> Path:
     """The synthetic checkpoint of a preset: the embedded tiny one, or `real-layer` generated once
     (on `device`, into the cache directory)."""
     from ..model.config import PRESETS
     from ..io import cache_dir
     from ..model.tiny import default_checkpoint, make_tiny
     if preset == "tiny":
-        return default_checkpoint()
+        return default_checkpoint(cache)
     if preset not in PRESETS or preset == "qwen3.6-35b-a3b":
         raise BadInput(f"--preset {preset!r}: choose tiny or real-layer (pass a real checkpoint with --model)")
-    target = cache_dir() / f"{preset}-seed0"
+    target = cache_dir(cache) / f"{preset}-seed0"
     if not (target / "config.json").is_file():
         t0 = time.perf_counter()
         make_tiny(target, seed=0, preset=preset, device=torch.device(device))
@@ -356,7 +356,7 @@ def checkpoint_for(preset: str, device) -> Path:
 def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, repairs: bool = True,
               batches=(1, 8, 32), modes=MODES, iters: int = 50, warmup: int = 5, seed: int = 0,
               rates: bool = False, log=None, profile: int = 0, lockstep_steps: int = 0,
-              hunt_examples: int = 20, reference_every=None) -> BenchResult:
+              hunt_examples: int = 20, reference_every=None, cache=None) -> BenchResult:
     from kernels import registry
 
     from ..islands import Model
@@ -388,5 +388,5 @@ def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, rep
                                             log=log, every=reference_every)
     if rates:
         from .lockrates import tiny_rates
-        res.tiny_rates = tiny_rates(seed=seed)
+        res.tiny_rates = tiny_rates(seed=seed, cache=cache)
     return res

@@ -1,7 +1,9 @@
 """`repro inspect`: what a checkpoint holds - layers and types, quant scheme per module, bytes, problems."""
 from __future__ import annotations
 
+import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from .checkpoint import Checkpoint, QTensor
@@ -112,3 +114,18 @@ def format_inspect(d: dict) -> str:
     else:
         lines.append("problems: none")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class InspectConfig:
+    """What `repro inspect` needs."""
+
+    model: Path
+    json: bool = False  # JSON instead of the table
+
+
+def inspect_command(c: InspectConfig) -> int:
+    """`repro inspect`: print the description; 2 when the checkpoint has problems."""
+    d = inspect(c.model)
+    print(json.dumps(d, indent=2) if c.json else format_inspect(d))
+    return 2 if d.get("problems") else 0

@@ -17,6 +17,7 @@ import shutil
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -38,11 +39,12 @@ DEFAULT_NAME = "tiny-seed0-v1"
 DIGEST_FILE = ".repro-digest.json"  # sha256 of every file make_tiny wrote: the cache is verified on use
 
 
-def default_checkpoint() -> Path:
-    """The embedded default tiny checkpoint, generated on first use (atomically) and reused after.
+def default_checkpoint(cache=None) -> Path:
+    """The embedded default tiny checkpoint in the cache (`cache`: `io.cache_dir`'s root),
+    generated on first use (atomically) and reused after.
     A cached copy whose files no longer match their digests (a disk error, an edit, a half-copied
     cache) is rebuilt, with a note on stderr, rather than failing every run."""
-    target = cache_dir() / DEFAULT_NAME
+    target = cache_dir(cache) / DEFAULT_NAME
     if (target / "config.json").is_file():
         problem = verify(target)
         if problem is None:
@@ -359,3 +361,24 @@ def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
     os.replace(target, trash)
     os.replace(tmp, target)
     shutil.rmtree(trash, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class MakeTinyConfig:
+    """What `repro make-tiny` needs (`make_tiny`'s options)."""
+
+    dir: Path
+    seed: int = 0
+    preset: str = "tiny"
+    quantised: str = "production"
+    naming: str = "split"
+    experts: str = "per_expert"
+    shards: int = 1
+
+
+def make_tiny_command(c: MakeTinyConfig) -> int:
+    """`repro make-tiny`: write the checkpoint and say where."""
+    path = make_tiny(c.dir, seed=c.seed, preset=c.preset, quantised=c.quantised, naming=c.naming,
+                     experts=c.experts, shards=c.shards)
+    print(f"wrote {path}")
+    return 0

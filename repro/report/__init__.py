@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import shlex
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..knobs import hazards as hz
 from ..errors import BadInput
-from ..io import dumps, install_dir, prepare_output_dir, staging_dir
+from ..io import cache_dir, dumps, install_dir, prepare_output_dir, staging_dir
+from ..model.tiny import DEFAULT_NAME
 from .envtext import environment_text
 from .load import check_result, kernel_sentinel, load_result, pick, recorded_steps, steps_that_ran
 from .markdown import Facts, render_markdown
@@ -37,8 +39,8 @@ from .script import SCRIPT, WEIGHTS, make_standalone, standalone_gap
 
 OUTPUTS = ("REPORT.md", "env.txt", "sequence.json", "result.json", SCRIPT, WEIGHTS, KERNEL_SCRIPT, KERNEL_INPUTS)
 
-__all__ = ["OUTPUTS", "SCRIPT", "WEIGHTS", "RepairRow", "check_output", "check_result", "load_result", "pick",
-           "repair_rows", "standalone_gap", "steps_that_ran", "write_report"]
+__all__ = ["OUTPUTS", "SCRIPT", "WEIGHTS", "RepairRow", "ReportConfig", "check_output", "check_result", "load_result",
+           "pick", "repair_rows", "report_command", "standalone_gap", "steps_that_ran", "write_report"]
 
 
 def check_output(path, force: bool = False, what: str = "-o") -> Path:
@@ -61,24 +63,22 @@ def _title(doc, r) -> str:
     return f"Graph replay equals eager ({what}{rep}): {r['island']}, {r['mode']} mode, {prov}"
 
 
-def _checkpoint(doc) -> tuple[str, bool]:
+def _checkpoint(doc, cache=None) -> tuple[str, bool]:
     """(how the report names the checkpoint, whether it is the embedded tiny one). A local path
     means nothing to a maintainer and tells them about the reporter's disk, so only its last
     component is shown."""
     ck = doc.get("checkpoint")
     if not ck:
         return "unknown", False
-    from ..io import cache_dir
-    from ..model.tiny import DEFAULT_NAME
-    if Path(ck).expanduser().resolve() == (cache_dir() / DEFAULT_NAME).resolve():
+    if Path(ck).expanduser().resolve() == (cache_dir(cache) / DEFAULT_NAME).resolve():
         return "the embedded tiny checkpoint (the suite's default)", True
     return f"`{Path(ck).name}`", False
 
 
-def _replay_command(doc, r, layer, sentinel) -> tuple[str, list[str]]:
+def _replay_command(doc, r, layer, sentinel, cache=None) -> tuple[str, list[str]]:
     """(command, notes): `repro run` for exactly this case, with a placeholder for a local checkpoint."""
     cmd, notes = ["repro", "run"], []
-    shown, default = _checkpoint(doc)
+    shown, default = _checkpoint(doc, cache)
     if doc.get("checkpoint") and not default:
         cmd += ["--model", "CHECKPOINT"]
         notes.append(f"`CHECKPOINT`: your copy of the checkpoint ({shown} here)")
@@ -111,7 +111,7 @@ def _model(doc, layer):
 def write_report(doc: dict, out_dir, *, command: str | None = None, result_path: str | None = None,
                  index: int | None = None, layer: int | None = None, sentinel: int | None = None,
                  verify: bool = True, seed: int = 0, weights: str = "auto", force: bool = False,
-                 what: str = "-o") -> Path:
+                 what: str = "-o", cache=None) -> Path:
     """Write the report directory; returns its path. Nothing in DIR changes unless all is written."""
     check_result(doc)
     out = check_output(out_dir, force, what)
@@ -122,7 +122,7 @@ def write_report(doc: dict, out_dir, *, command: str | None = None, result_path:
     notes: list[str] = []
     model = _model(doc, layer)
     if model is None:
-        notes.append(f"the checkpoint ({_checkpoint(doc)[0]}) is not readable here: the standalone script uses the "
+        notes.append(f"the checkpoint ({_checkpoint(doc, cache)[0]}) is not readable here: the standalone script uses the "
                      "tiny preset's shapes and the repairs were not run")
     title = _title(doc, r)
     created = not out.exists()
@@ -134,10 +134,10 @@ def write_report(doc: dict, out_dir, *, command: str | None = None, result_path:
         (stage / "env.txt").write_text(environment_text(doc))
         sa = make_standalone(stage, doc, r, steps, seqj, model, sentinel, title, verify, seed, weights)
         kernel = make_kernel_script(stage, doc, r, steps, seqj, layer, sentinel, title)
-        replay_cmd, replay_notes = _replay_command(doc, r, layer, ks)
+        replay_cmd, replay_notes = _replay_command(doc, r, layer, ks, cache)
         facts = Facts(doc, r, idx, steps, seqj, source, rows, sa, title, ks, replay_cmd, replay_notes,
                       command=command or doc.get("command"), result_path=result_path, layer=layer,
-                      model_here=model is not None, checkpoint=_checkpoint(doc)[0],
+                      model_here=model is not None, checkpoint=_checkpoint(doc, cache)[0],
                       hunt_steps=recorded_steps(doc), notes=notes, kernel=kernel)
         (stage / "REPORT.md").write_text(render_markdown(facts))
         install_dir(stage, out)
@@ -150,3 +150,30 @@ def write_report(doc: dict, out_dir, *, command: str | None = None, result_path:
                 pass
         raise
     return out
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """What `repro report` needs (`write_report`'s options, and the result file to read)."""
+
+    result: Path
+    output: Path
+    force: bool = False
+    case: int | None = None
+    layer: int | None = None
+    sentinel: int | None = None
+    seed: int = 0
+    weights: str = "auto"
+    verify: bool = True
+    cache: Path | None = None  # None: `io.cache_dir`'s default
+
+
+def report_command(c: ReportConfig) -> int:
+    """`repro report`: the report directory from a result file; says what it wrote."""
+    out = check_output(c.output, c.force, "-o")
+    doc = load_result(c.result)
+    write_report(doc, out, result_path=str(c.result), index=c.case, layer=c.layer, sentinel=c.sentinel,
+                 verify=c.verify, seed=c.seed, weights=c.weights, force=c.force, cache=c.cache)
+    print(f"wrote {out}/REPORT.md, env.txt, sequence.json" + (f", {SCRIPT}" if (out / SCRIPT).exists() else "")
+          + (f", {WEIGHTS}" if (out / WEIGHTS).exists() else ""))
+    return 0

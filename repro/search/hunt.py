@@ -19,19 +19,23 @@ from hypothesis.errors import Flaky
 
 from ..errors import BadInput
 from ..io import cache_dir, check_output_file, write_json
+from ..model.tiny import default_checkpoint
+from ..report import check_output as check_report_dir
+from ..report import write_report
 from ..scheduler.sequence import Request, Sequence
 
 PROFILES = ("ci", "dev", "soak")
 DEFAULT_MAX_EXAMPLES = 60  # without --profile and without --max-examples
 
 
-def database() -> DirectoryBasedExampleDatabase:
-    return DirectoryBasedExampleDatabase(str(cache_dir() / "hypothesis"))
+def database(cache=None) -> DirectoryBasedExampleDatabase:
+    """The Hypothesis database under the cache (`cache`: `io.cache_dir`'s root)."""
+    return DirectoryBasedExampleDatabase(str(cache_dir(cache) / "hypothesis"))
 
 
-def register_profiles() -> None:
+def register_profiles(cache=None) -> None:
     """ci (derandomised, 25 examples, no database), dev (150) and soak (5000)."""
-    common = dict(deadline=None, suppress_health_check=list(HealthCheck), database=database())
+    common = dict(deadline=None, suppress_health_check=list(HealthCheck), database=database(cache))
     settings.register_profile("ci", max_examples=25, derandomize=True, print_blob=False,
                               **{**common, "database": None})
     settings.register_profile("dev", max_examples=150, **common)
@@ -74,23 +78,23 @@ def example_count(max_examples: int | None, profile: str | None) -> int:
     if max_examples is not None:
         return max_examples
     if profile is not None:
-        register_profiles()
+        register_profiles()  # the counts only: the database it names is not opened here
         return settings.get_profile(profile).max_examples
     return DEFAULT_MAX_EXAMPLES
 
 
 def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab: int = 512, num_slots: int = 4,
-         max_requests: int = 5, max_tokens: int = 8, max_prompt: int | None = None):
+         max_requests: int = 5, max_tokens: int = 8, max_prompt: int | None = None, cache=None):
     """Search sequences for one where `check(seq)` returns a divergence; return the shrunk
     (sequence, divergence) or (None, None). `max_examples` None: the profile's own count (so
     `--profile soak` means 5000), or DEFAULT_MAX_EXAMPLES without a profile. Raises FlakyHunt
     when a failure does not reproduce (nondeterminism is itself worth reporting, in one line)."""
     found: list = []
     if profile is not None:
-        register_profiles()
+        register_profiles(cache)
         base = settings.get_profile(profile)
     else:
-        base = settings(database=database())
+        base = settings(database=database(cache))
     n = example_count(max_examples, profile)
 
     @settings(base, max_examples=n, deadline=None, suppress_health_check=list(HealthCheck),
@@ -133,11 +137,10 @@ def merge_pass(seq: Sequence, div, check):
 
 
 @dataclass(frozen=True)
-class HuntOptions:
-    """What `repro hunt` needs, typed (the argparse Namespace stops at the command line)."""
+class HuntConfig:
+    """What `repro hunt` needs, typed (the command line builds it; Python callers may too)."""
 
-    checkpoint: Path  # resolved by the caller (the embedded tiny one by default)
-    model: str | None = None  # as the user gave it, for the replay line
+    model: str | None = None  # as the user gave it (the replay line names it); None: the embedded tiny one
     device: str = "auto"
     island: str = "chain"
     layer: int | None = None
@@ -149,6 +152,10 @@ class HuntOptions:
     profile: str | None = None
     save: str | None = None
     json: str | None = None
+    report: Path | None = None
+    force: bool = False
+    command: str = "repro hunt"  # the command line, for the report
+    cache: Path | None = None  # None: `io.cache_dir`'s default
 
 
 class _Found:
@@ -180,12 +187,12 @@ def default_mode(hazards) -> str:
     return "full" if any("piecewise" not in hz.HAZARDS[h].modes for h in hazards) else "piecewise"
 
 
-def save_path(o: HuntOptions, mode: str) -> Path:
+def save_path(o: HuntConfig, mode: str) -> Path:
     name = f"{o.island}-{'-'.join(o.hazards) or 'baseline'}{''.join('+' + r for r in o.repairs)}-{mode}.json"
-    return Path(o.save) if o.save else cache_dir() / "hunts" / name.replace("=", "_").replace("/", "_")
+    return Path(o.save) if o.save else cache_dir(o.cache) / "hunts" / name.replace("=", "_").replace("/", "_")
 
 
-def replay_line(o: HuntOptions, mode: str, save: Path) -> str:
+def replay_line(o: HuntConfig, mode: str, save: Path) -> str:
     parts = ["repro", "run", "--mode", mode, "--island", "all" if o.island == "chain" else o.island,
              "--sequence", str(save)]
     if o.model:
@@ -234,10 +241,25 @@ def progress_of_hunt(label: str, total: int):
     return tried
 
 
-def hunt_cli(o: HuntOptions) -> tuple[int, dict | None]:
+def hunt_command(o: HuntConfig) -> int:
     """`repro hunt`: search, shrink, cut after the divergence, save (the island in the name), and
-    print a replay line that keeps every option the run needs. Returns (exit code, result doc):
-    1 when something was found."""
+    print a replay line that keeps every option the run needs; with `report`, write a report of
+    what was found. Returns the exit code: 1 when something was found (or a failure did not
+    repeat on the same sequence), else 0."""
+    report = check_report_dir(o.report, o.force, "--report") if o.report else None
+    try:
+        rc, doc = _hunt(o)
+    except FlakyHunt as e:
+        print(f"repro: {e}", file=sys.stderr)
+        return 1
+    if report and doc is not None:
+        write_report(doc, report, command=o.command, layer=o.layer, sentinel=o.sentinel, force=o.force,
+                     what="--report")
+        print(f"report: {report}/REPORT.md")
+    return rc
+
+
+def _hunt(o: HuntConfig) -> tuple[int, dict | None]:
     from ..knobs import hazards as hz
     from ..graphs import make_provider
     from ..islands import Model, check_island
@@ -254,7 +276,8 @@ def hunt_cli(o: HuntOptions) -> tuple[int, dict | None]:
     check_output_file(o.json, "--json")
     provider = make_provider(o.device)
     hz.check(o.hazards, o.repairs, mode, provider.supports_streams, o.island)
-    model = Model(o.checkpoint, provider.device, o.layer, island="moe" if o.island == "moe" else "submod0")
+    checkpoint = Path(o.model) if o.model else default_checkpoint(o.cache)
+    model = Model(checkpoint, provider.device, o.layer, island="moe" if o.island == "moe" else "submod0")
     case = Case(o.island, mode, tuple(o.hazards), tuple(o.repairs))
 
     tried = progress_of_hunt(f"hunt {o.island} {mode} {','.join(o.hazards) or 'baseline'}",
@@ -274,7 +297,7 @@ def hunt_cli(o: HuntOptions) -> tuple[int, dict | None]:
 
     space = space_for(DEFAULT_SIZES)
     try:
-        seq, div = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, **space)
+        seq, div = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, cache=o.cache, **space)
     finally:
         tried.clear()
     what = f"{', '.join(o.hazards) or 'baseline'}, {o.island}, {mode}"
@@ -288,7 +311,7 @@ def hunt_cli(o: HuntOptions) -> tuple[int, dict | None]:
     minimal = cut_after(minimal, div.step)
     result = run_case(model, provider, case, Sequence.from_json(minimal), sentinel=o.sentinel)
     import torch
-    doc = {"device": str(provider.device), "graph_provider": provider.name, "checkpoint": str(o.checkpoint),
+    doc = {"device": str(provider.device), "graph_provider": provider.name, "checkpoint": str(checkpoint),
            "torch": torch.__version__, "kernel_sentinel": eff, "minimal_sequence": minimal,
            "results": [result.to_json()], "command": replay_line(o, mode, save)}
     write_json(save, doc, "--save")

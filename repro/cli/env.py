@@ -1,0 +1,7 @@
+"""`repro env`: argparse values to `EnvConfig`, then `repro.env.env_command`."""
+from __future__ import annotations
+
+
+def env(a) -> int:
+    from ..env import EnvConfig, env_command
+    return env_command(EnvConfig(json=a.json))

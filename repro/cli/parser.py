@@ -1,0 +1,194 @@
+"""The `repro` argument parser: every command's options, their types and their help. Parsing only:
+what a command does with its arguments is in the command's module (`run.py`, `model.py`,
+`report.py`, `bench.py`, `env.py`), which builds the library's config from them."""
+from __future__ import annotations
+
+import argparse
+
+MAX_STEPS = 10_000  # --steps above this is refused: a run that long belongs in a --sequence file
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr and exit 2, like every other bad input."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def count(lo: int, hi: int | None = None):
+    """An integer in lo..hi (hi None: no upper bound)."""
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not an integer") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"{v} is out of range {lo}..{hi if hi is not None else ''}")
+        return v
+    return parse
+
+
+def counts(lo: int):
+    """A comma-separated list of integers >= `lo` (at least one)."""
+    one = count(lo)
+
+    def parse(s: str) -> tuple[int, ...]:
+        items = [x.strip() for x in s.split(",")]
+        if not s.strip() or not all(items):
+            raise argparse.ArgumentTypeError(f"{s!r} is not a comma-separated list of integers")
+        return tuple(one(x) for x in items)
+    return parse
+
+
+def knobs_help() -> str:
+    """The hazard and repair names with one line each, from the one table (for `run --help`)."""
+    from ..knobs import hazards as hz
+    lines = ["hazards (--hazard, repeatable):"]
+    lines += [f"  {h.name:24} {h.mechanism}" for h in hz.HAZARDS.values()]
+    lines.append("repairs (--repair, repeatable):")
+    lines += [f"  {r.name:24} {r.what}" for r in hz.REPAIRS.values()]
+    lines.append("exit codes: 0 baseline clean and every planted hazard detected; 1 a divergence, a finding "
+                 "on a clean case, a MISSED hazard, or (with --hazard) the hazard detected; 2 bad input.")
+    return "\n".join(lines)
+
+
+def _common(s) -> None:
+    """The options `run` and `hunt` share."""
+    s.add_argument("--model", help="checkpoint directory (default: the embedded tiny checkpoint)")
+    s.add_argument("--device", default="auto", help="auto | cpu | cuda | xpu")
+    s.add_argument("--layer", type=count(0), default=None, help="layer index (default: the first of the right type)")
+    s.add_argument("--mode", choices=["piecewise", "full"], default=None, help="capture mode (default: both)")
+    s.add_argument("--hazard", action="append", default=[], help="plant a hazard (repeatable; listed below)")
+    s.add_argument("--repair", action="append", default=[], help="apply a repair (repeatable; listed below)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the request sequence")
+    s.add_argument("--sentinel", type=int, choices=[-1, 0], default=0,
+                   help="the pad sentinel the kernels skip: 0 (slot 0 is a null block, vLLM's default) or -1")
+    s.add_argument("--json", help="write the result (strict JSON) here")
+    s.add_argument("--report", metavar="DIR",
+                   help="also write a bug report here (REPORT.md, env.txt, repro_standalone.py)")
+    s.add_argument("--force", action="store_true",
+                   help="--report into a non-empty DIR: replace what repro wrote there before, keep the rest")
+    _plugin(s)
+
+
+def _plugin(s) -> None:
+    s.add_argument("--plugin", action="append", default=[], metavar="MODULE",
+                   help="import MODULE first: it registers kernel providers that $REPRO_KERNELS / "
+                   "--kernels can then select (repeatable; also $REPRO_PLUGINS=mod1,mod2)")
+
+
+def _run(sub, raw) -> None:
+    s = sub.add_parser("run", help="the main job: lockstep eager vs replay, baseline and hazards",
+                       formatter_class=raw, epilog=knobs_help())
+    _common(s)
+    s.add_argument("--island", default="all", help="all | submod0 | gdn_core | submod1 | moe | forced_comm")
+    s.add_argument("--tp", type=count(1, 64), default=1, help="tensor-parallel ranks (island forced_comm only)")
+    s.add_argument("--steps", type=count(1, MAX_STEPS), default=200,
+                   help=f"scheduler steps of the seeded sequence (1..{MAX_STEPS}; more belongs in a --sequence file)")
+    s.add_argument("--sequence", help="replay this request sequence (JSON, e.g. from `repro hunt --save`)")
+    s.add_argument("--trace", help="write per-step digests here (JSON lines)")
+    s.add_argument("--strict", action="store_true",
+                   help="batch variance and kernel nondeterminism fail the run too (default: reported, exit 0)")
+    s.add_argument("--no-amplify", action="store_true", help="leave stream races to their natural timing "
+                   "(default: poison what an early read sees and delay the producer, so they happen every step)")
+    s.add_argument("--reference-every", type=count(0), default=None, metavar="N",
+                   help="step the independent third copy (own weights, reference kernels) every N steps, and at "
+                        "every step where eager and replay differ; it names the copy that departed and finds faults "
+                        "both copies share (default: 1 on the CPU, 16 on a GPU; 0: off)")
+
+
+def _hunt(sub, raw) -> None:
+    s = sub.add_parser("hunt", help="Hypothesis search for a minimal diverging sequence",
+                       formatter_class=raw, epilog=knobs_help())
+    _common(s)
+    s.add_argument("--island", default="all", help="all (the chain) | submod0 | gdn_core | submod1 | moe")
+    s.add_argument("--max-examples", type=count(1), default=None,
+                   help="sequences to try (default: the profile's, or 60 without --profile)")
+    s.add_argument("--profile", default=None, choices=["ci", "dev", "soak"],
+                   help="ci: 25 derandomised; dev: 150; soak: 5000 (database under $REPRO_CACHE)")
+    s.add_argument("--save", help="where to save the minimal sequence (default: $REPRO_CACHE/hunts/"
+                                  "ISLAND-HAZARD-MODE.json)")
+
+
+def _model(sub) -> None:
+    s = sub.add_parser("make-tiny", help="write a small checkpoint in the real Quark W8A8 layout")
+    s.add_argument("dir", help="a new or empty directory")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    s.add_argument("--preset", default="tiny", choices=["tiny", "real-layer", "qwen3.6-35b-a3b"],
+                   help="tiny (runs in ms on a CPU), real-layer (real dimensions, 4 layers, 4096 vocab) or the "
+                        "full qwen3.6-35b-a3b text model (tens of GiB: refused when memory is short)")
+    s.add_argument("--quantised", default="production", choices=["production", "experts", "none"],
+                   help="production: every linear W8A8 but the routers and lm_head; experts: routed experts only; "
+                        "none: BF16")
+    s.add_argument("--naming", default="split", choices=["split", "fused"],
+                   help="GDN projections split (Qwen3.5/3.6) or fused qkvz/ba (Qwen3-Next)")
+    s.add_argument("--experts", default="per_expert", choices=["per_expert", "fused"],
+                   help="routed experts one tensor each, or fused gate_up_proj/down_proj stacks")
+    s.add_argument("--shards", type=count(1), default=1, help="safetensors files (an index when > 1)")
+
+    s = sub.add_parser("inspect", help="layers, types, quant scheme, tensor check")
+    s.add_argument("model", help="checkpoint directory")
+    s.add_argument("--json", action="store_true", help="print JSON instead of the table")
+
+
+def _report(sub) -> None:
+    s = sub.add_parser("report", help="REPORT.md, env.txt and a standalone script from a result JSON")
+    s.add_argument("result", help="a `repro run --json` or `repro hunt` result file")
+    s.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="the report directory: new or empty (or one repro wrote, with --force)")
+    s.add_argument("--force", action="store_true", help="replace what repro wrote in DIR before, keep the rest")
+    s.add_argument("--case", type=count(0), default=None, help="which result row (default: the first divergence)")
+    s.add_argument("--layer", type=count(0), default=None,
+                   help="the --layer the result was run with (default: first GDN)")
+    s.add_argument("--sentinel", type=int, choices=[-1, 0], default=None, help="the --sentinel the result was run with")
+    s.add_argument("--seed", type=int, default=0, help="seed of the standalone script's random weights")
+    s.add_argument("--weights", choices=["auto", "seed", "embed"], default="auto",
+                   help="standalone weights: seeded if that reproduces (auto), always seeded, or embedded")
+    s.add_argument("--no-verify", action="store_true", help="do not run the standalone script here")
+
+
+def _bench(sub) -> None:
+    s = sub.add_parser("bench", help="eager vs replay, repair costs, the bandwidth floor")
+    s.add_argument("--model", help="checkpoint directory (default: a synthetic one of --preset)")
+    s.add_argument("--preset", default="tiny", choices=["tiny", "real-layer"],
+                   help="synthetic checkpoint when no --model: tiny (embedded) or real-layer (real dimensions)")
+    s.add_argument("--device", default="auto", help="auto | cpu | cuda | xpu")
+    _plugin(s)
+    s.add_argument("--island", default="all", help="all | chain | submod0 | gdn_core | submod1 | moe")
+    s.add_argument("--mode", choices=["piecewise", "full"], default=None, help="chain capture mode (default: both)")
+    s.add_argument("--batches", default="1,8,32", help="decode batch sizes, comma-separated")
+    s.add_argument("--iters", type=count(1), default=50, help="timed samples per measurement (median)")
+    s.add_argument("--warmup", type=count(0), default=5, help="untimed calls before the samples")
+    s.add_argument("--kernels", default=None, help="kernel providers, e.g. all=triton (as $REPRO_KERNELS)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the inputs")
+    s.add_argument("--no-repairs", action="store_true", help="skip the repair-cost rows")
+    s.add_argument("--no-tiny-rates", action="store_true",
+                   help="skip the CPU tiny checkpoint's lockstep steps/s and Hypothesis examples/s")
+    s.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    s.add_argument("--profile", type=count(0), default=0, metavar="N",
+                   help="also profile N replays of each chain row: where the time goes, kernel by kernel")
+    s.add_argument("--json", help="write results here")
+    s.add_argument("--plot", help="write a PNG of replay/eager and replay/floor here (needs matplotlib)")
+    s.add_argument("--lockstep-rates", action="store_true",
+                   help="also: checked lockstep steps/s per island (whole-state and weight checks on), the two "
+                        "copies with nothing checked (the floor), hunt examples/s at this checkpoint and device, "
+                        "and where a step's time goes")
+    s.add_argument("--lockstep-steps", type=count(1), default=400, help="steps a lockstep-rates case (default 400)")
+    s.add_argument("--hunt-examples", type=count(0), default=20, help="Hypothesis examples for the hunt rate")
+    s.add_argument("--reference-every", type=counts(1), default=None, metavar="N[,N...]",
+                   help="the lockstep-rates' third-copy rows at these cadences, one row each, so a cadence's cost "
+                        "is read off one run (default: the device's, 1 on the CPU and 16 on a GPU)")
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    p = Parser(prog="repro", description=description, formatter_class=raw)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)
+    s = sub.add_parser("env", help="torch, devices, graph providers, optional packages")
+    s.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _model(sub)
+    _run(sub, raw)
+    _hunt(sub, raw)
+    _report(sub)
+    _bench(sub)
+    return p

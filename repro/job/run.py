@@ -1,0 +1,165 @@
+"""`repro run`: the main job from a typed config. Every output path is checked before any work,
+the cases run in lockstep with progress on stderr, then the table, the JSON and the report are
+written and the exit code decided (`results.exit_code`). A multi-rank run (`--island
+forced_comm --tp N`) goes to `comm.run_forced_comm` and shares the table and the verdicts."""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from kernels import registry
+
+from .. import comm
+from ..errors import BadInput
+from ..graphs import make_provider
+from ..io import check_output_file, write_json
+from ..islands import Model, check_island
+from ..knobs import hazards as hz
+from ..model.tiny import default_checkpoint
+from ..progress import for_cases
+from ..report import check_output as check_report_dir
+from ..report import write_report
+from ..scheduler.sequence import Sequence
+from .cases import default_sequence, plan, run_case
+from .results import device_name, exit_code, format_table, verdict
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """What `repro run` needs, typed (the command line builds it; Python callers may too)."""
+
+    command: str = "repro run"  # the command line, recorded in the JSON
+    model: Path | None = None  # None: the embedded tiny checkpoint (in `cache`)
+    device: str = "auto"
+    island: str = "all"
+    layer: int | None = None
+    mode: str | None = None
+    hazards: tuple[str, ...] = ()
+    repairs: tuple[str, ...] = ()
+    steps: int = 200
+    seed: int = 0
+    sentinel: int = 0
+    sequence: Path | None = None
+    trace: Path | None = None
+    json: Path | None = None
+    report: Path | None = None
+    force: bool = False
+    strict: bool = False
+    amplify: bool = True
+    reference_every: int | None = None
+    tp: int = 1
+    cache: Path | None = None  # None: `io.cache_dir`'s default
+    kill: tuple | None = None  # forced_comm supervisor test hook: (rank, step, "kill" | "hang")
+    comm_backend: str | None = None  # forced_comm process-group backend; None: the device's
+
+
+def _explain(r, v: str) -> str:
+    label = f"{r.case.island} {r.case.mode} {','.join(r.case.hazards) or 'baseline'}"
+    if r.case.repairs:
+        label += f" +{','.join(r.case.repairs)}"
+    f = r.failure
+    if f is not None:
+        what = f.where() + (f" ({f.reason})" if f.reason else "")
+    elif r.findings:
+        what = f"{r.findings[0]['kind']}: {r.findings[0]['detail']}"
+    else:
+        what = f"nothing in {r.steps} steps"
+    return f"{label}: {v}: {what}"
+
+
+def run_command(c: RunConfig) -> int:
+    """`repro run`: returns the exit code (0 clean, 1 divergence or missed hazard)."""
+    if c.island != "all":
+        check_island(c.island)
+    check_output_file(c.json, "--json")
+    check_output_file(c.trace, "--trace")
+    report = check_report_dir(c.report, c.force, "--report") if c.report else None
+    if c.tp > 1 or c.island == "forced_comm":
+        if not c.amplify:
+            raise BadInput("--no-amplify: forced_comm runs always amplify (not wired through its ranks yet)")
+        if c.reference_every is not None:
+            raise BadInput("--reference-every: forced_comm runs have no third copy (it runs on the chain islands)")
+        if report:
+            raise BadInput("--report: forced_comm / --tp runs have no report yet (write --json and see its rows)")
+        return _forced_comm(c)
+    if c.tp != 1:
+        raise BadInput(f"--tp {c.tp}: only island forced_comm runs on several ranks")
+
+    seq = Sequence.load(c.sequence) if c.sequence else None
+    provider = make_provider(c.device)
+    cases = plan(c.island, c.mode, c.hazards, c.repairs, provider.supports_streams)
+    path = c.model or default_checkpoint(c.cache)
+    model = Model(path, provider.device, c.layer, island="moe" if c.island == "moe" else "submod0")
+    for flag in model.ckpt.stats.flags:  # loadable but suspicious (e.g. zero weight scales)
+        print(f"repro: warning: {path}: {flag}", file=sys.stderr)
+    if seq is not None:
+        seq.check_fits(model.cfg.vocab_size, hz.options_for(c.hazards).sentinel(c.sentinel), f"--sequence {c.sequence}")
+    else:
+        seq = default_sequence(c.seed, c.steps, vocab=model.cfg.vocab_size)
+    results = []
+    t0 = time.perf_counter()
+    progress = for_cases(len(cases))
+    with open(c.trace, "w") if c.trace else _Nothing() as trace:
+        try:
+            for case in cases:
+                step_cb = progress.start(f"{case.island} {case.mode} {','.join(case.hazards) or 'baseline'}"
+                                         + (f" +{','.join(case.repairs)}" if case.repairs else ""))
+                r = run_case(model, provider, case, seq, sentinel=c.sentinel, trace=trace, progress=step_cb,
+                             strict=c.strict, amplify=c.amplify, reference_every=c.reference_every)
+                results.append(r)
+                progress.finish(verdict(r))
+        finally:
+            progress.clear()
+    print(format_table(results))
+    print(f"{len(results)} runs, {len(seq.batches())} steps each at most, {time.perf_counter() - t0:.1f} s, "
+          f"provider {provider.name} on {device_name(provider)}")
+    used = [(v, k, r) for r in results for k, v in r.bound_usage.items()]
+    if used:
+        v, k, r = max(used, key=lambda u: u[0])
+        print(f"against the third copy, rounding used at most {v:.3g} of its bound ({k}, {r.case.island} "
+              f"{r.case.mode}{' ' + ','.join(r.case.hazards) if r.case.hazards else ''}); per tensor: --json")
+    doc = {"command": c.command, "device": device_name(provider), "graph_provider": provider.name,
+           "torch": torch.__version__, "checkpoint": str(path), "seed": c.seed, "sentinel": c.sentinel,
+           "layer": model.layer, "kernels": {op: registry.selected(op) for op in registry.ops()},
+           "plugins": registry.plugins(), "sequence": seq.to_json(), "results": [r.to_json() for r in results]}
+    if c.json:
+        write_json(c.json, doc)
+    if report:
+        write_report(doc, report, command=c.command, layer=c.layer, sentinel=c.sentinel, force=c.force,
+                     what="--report")
+        print(f"report: {report}/REPORT.md")
+    explicit = bool(c.hazards)
+    for r in results:
+        v = verdict(r)
+        if v in ("DIVERGED", "MISSED") or (explicit and r.detected):
+            print(f"repro: {_explain(r, v)}", file=sys.stderr)
+    return exit_code(results, explicit)
+
+
+class _Nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _forced_comm(c: RunConfig) -> int:
+    if c.island not in ("forced_comm", "all"):
+        raise BadInput(f"--tp {c.tp}: only island forced_comm runs on several ranks, not {c.island}")
+    batches = Sequence.load(c.sequence).batches() if c.sequence else None
+    res = comm.run_forced_comm(c.model or default_checkpoint(c.cache), tp=c.tp, device=c.device,
+                               hazards=list(c.hazards), repairs=list(c.repairs), steps=c.steps, seed=c.seed,
+                               layer=c.layer or 0, timeout=600.0, batches=batches, kill_rank=c.kill,
+                               backend=c.comm_backend)
+    print(comm.format_table(res))
+    for r in res["results"]:
+        if r["verdict"] in ("DIVERGED", "MISSED") or (c.hazards and r["diverged"]):
+            print(f"repro: forced_comm {','.join(r['hazards']) or 'baseline'}: {r['verdict']}", file=sys.stderr)
+    if c.json:
+        res["command"] = c.command
+        write_json(c.json, res)
+    return comm.exit_code(res, bool(c.hazards))
