@@ -2,6 +2,7 @@
 the database under the cache, flaky failures in one line, findings hunted, the largest captured
 decode batch reachable, minimal sequences cut after the divergence, replay lines that replay."""
 import json
+import re
 
 import pytest
 
@@ -111,3 +112,18 @@ def test_pad_sentinel_mismatch_replays(tiny_path, tmp_path, capsys):
     line = capsys.readouterr().out.split("replay: ")[1].strip().split()
     assert main(line[1:]) == 1
 
+
+def test_max_examples_bounds_the_whole_search_shrinking_included(tiny_path, tmp_path, capsys):
+    rc = main(["hunt", "--model", tiny_path, "--device", "cpu", "--mode", "full", "--hazard", "stale-pad",
+               "--max-examples", "3", "--save", str(tmp_path / "s.json")])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    counts = [int(n) for n in re.findall(r"(\d+) sequences? run", err)]
+    assert counts and max(counts) <= 3, err
+    assert re.search(r"shrinking: done", err), err  # the shrink phase shows its end
+
+
+def test_help_says_what_max_examples_bounds(capsys):
+    assert main(["hunt", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "shrinking included" in text
