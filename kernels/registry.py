@@ -330,6 +330,9 @@ def parse(spec: str) -> dict[str, str]:
         name, sep, provider = item.partition("=")
         if not sep or not name.strip() or not provider.strip():
             raise KernelSelectionError(f"bad kernel selection {item!r}: expected OP=PROVIDER")
+        if name.strip() in out:  # the later one would silently win
+            raise KernelSelectionError(f"kernel op {name.strip()!r} is chosen twice ({out[name.strip()]} and "
+                                       f"{provider.strip()}): choose one")
         out[name.strip()] = provider.strip()
     return out
 

@@ -1,18 +1,33 @@
-"""Where the suite writes, and how: the one cache directory, output paths checked before any work
-starts, JSON written without harming what the user owns, and report directories that only ever
-lose what the suite itself put there.
+"""Where the suite writes, and how: the cache directory, one rule for every output path, JSON
+read and written without harming what the user owns, and report directories that only ever lose
+what the suite itself put there.
+
+The rule for an output file (`--json`, `--trace`, `hunt --save`, `bench --json`, `bench --plot`):
+
+- checked before the work (`check_output_file`): its folder must exist (it is never created) and
+  take a new file (a probe file is created there and removed, which is what the final rename
+  needs: this refuses `/proc/...`, read-only file systems and folders without permission, even
+  for root, whom `os.access` answers yes); an existing target must be a regular file the user
+  may write (directories, devices, FIFOs and sockets are refused); a dangling symlink is refused;
+- written whole at the end (`write_text`, `write_json`, `write_with`), or streamed into a
+  temporary file beside it while the work runs (`streamed`): a temporary file in the target's
+  folder, renamed over the target when complete, so an interrupted run leaves the old file as it
+  was. A symlink is written through (its final target is replaced, the link stays); an existing
+  file keeps its mode (and owner, where the user may set it); a new one gets the umask's mode.
 
 Why a module of its own: the command line, the bench and the hunt all write results, and when
-each kept its own helper they imported one another (a cycle) and disagreed (two `cache_dir`s).
-Everything here raises `BadInput` (exit 2, one line) naming the option and the path.
+each kept its own helper they imported one another (a cycle) and disagreed. Everything here
+raises `BadInput` (exit 2, one line) naming the option and the path.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import shutil
 import stat
+import sys
 import uuid
 from pathlib import Path
 
@@ -29,45 +44,164 @@ def cache_dir(root=None) -> Path:
     return Path(root).expanduser() if root else Path.home() / ".cache" / "repro"
 
 
-def _nearest_existing(p: Path) -> Path:
-    q = p
-    while not q.exists() and q != q.parent:
-        q = q.parent
-    return q
+# --------------------------------------------------------------------------- output files
 
 
-def _check_creatable(p: Path, what: str) -> None:
-    """`p` does not exist: its nearest existing ancestor must be a directory we may write into."""
-    anc = _nearest_existing(p.parent)
-    if not anc.is_dir():
-        raise BadInput(f"{what} {p}: {anc} is not a directory")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise BadInput(f"{what} {p}: cannot create files in {anc} (permission denied)")
+def _target(path, what: str) -> Path:
+    """The file a write to `path` replaces: `path` itself, or the end of its symlink chain."""
+    p = Path(path)
+    if not p.is_symlink():
+        return p
+    real = Path(os.path.realpath(p))
+    if not real.exists() and not real.is_symlink():
+        raise BadInput(f"{what} {path}: a dangling symlink (to {os.readlink(p)}); refusing to create its target")
+    return real
 
 
-def check_output_file(path, what: str = "--json") -> Path:
+def _probe(folder: Path, what: str, path) -> None:
+    """Create and remove a file in `folder`: the one check that answers for /proc, read-only file
+    systems and root alike whether the final rename can happen."""
+    probe = folder / f".repro-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as e:
+        raise BadInput(f"{what} {path}: cannot write files in {folder} ({e.strerror or e})") from None
+    os.close(fd)
+    probe.unlink(missing_ok=True)
+
+
+def _check_folder(folder: Path, what: str, path) -> None:
+    """The folder a new file or directory goes into: there, a directory, and writable."""
+    above = folder
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise BadInput(f"{what} {path}: {above} is not a directory")
+    if above != folder:
+        raise BadInput(f"{what} {path}: folder {folder} does not exist (create it first)")
+    _probe(folder, what, path)
+
+
+def check_output_file(path, what: str = "--json") -> Path | None:
     """Refuse, before the work starts, an output file the suite could not write or must not
-    replace: a directory, a device, FIFO or socket (`/dev/full`, `/dev/null`), a file without
-    write permission, or a place whose parent cannot hold a new file. Symlinks are judged by
-    their target. Returns the path as given (a symlink stays a symlink when written)."""
+    replace (the module docstring's rule). Returns the path as given (None for None)."""
     if path is None:
         return None
-    p = Path(path)
-    real = Path(os.path.realpath(p))
+    real = _target(path, what)
     try:
         st = os.stat(real)
     except (FileNotFoundError, NotADirectoryError):
-        _check_creatable(real, what)
-        return p
+        st = None
     except OSError as e:
-        raise BadInput(f"{what} {p}: cannot check ({e.strerror})") from e
-    if stat.S_ISDIR(st.st_mode):
-        raise BadInput(f"{what} {p}: is a directory (give a file name)")
-    if not stat.S_ISREG(st.st_mode):
-        raise BadInput(f"{what} {p}: not a regular file (a device, FIFO or socket); refusing to write there")
-    if not os.access(real, os.W_OK):
-        raise BadInput(f"{what} {p}: not writable (permission denied)")
-    return p
+        raise BadInput(f"{what} {path}: cannot check ({e.strerror or e})") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise BadInput(f"{what} {path}: is a directory (give a file name)")
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{what} {path}: not a regular file (a device, FIFO or socket); refusing to write there")
+        if not os.access(real, os.W_OK):
+            raise BadInput(f"{what} {path}: not writable (permission denied)")
+    _check_folder(real.parent if str(real.parent) else Path("."), what, path)
+    return Path(path)
+
+
+def _keep_mode(tmp: Path, real: Path) -> None:
+    """The replacement keeps the old file's mode, and its owner where we may set it."""
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        return
+    os.chmod(tmp, stat.S_IMODE(st.st_mode))
+    with contextlib.suppress(OSError):
+        os.chown(tmp, st.st_uid, st.st_gid)
+
+
+@contextlib.contextmanager
+def _replacing(path, what: str, suffix: str = ".tmp"):
+    """Yields a fresh temporary path beside `path`'s target; renamed over the target when the
+    block completes, removed when it raises (the target is then untouched)."""
+    check_output_file(path, what)
+    real = _target(path, what)
+    tmp = real.parent / f".{real.name}.{uuid.uuid4().hex[:8]}{suffix}"
+    try:
+        yield tmp
+        _keep_mode(tmp, real)
+        os.replace(tmp, real)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise BadInput(f"{what} {path}: cannot write ({e.strerror or e})") from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def new_file_mode() -> int:
+    """The mode `open` gives a new file here: 0666 less the umask (0644 usually)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _open_new(tmp: Path):
+    # os.open with 0666: a new file gets the umask's mode (0644 usually), not mkstemp's 0600
+    return os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w")
+
+
+def write_text(path, text: str, what: str = "--json") -> Path:
+    """Write `text` to `path` whole (the module docstring's rule)."""
+    with _replacing(path, what) as tmp:
+        with _open_new(tmp) as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    return Path(path)
+
+
+def write_json(path, obj, what: str = "--json") -> Path:
+    """Write `obj` as strict JSON (`dumps`) to `path` whole."""
+    return write_text(path, dumps(obj), what)
+
+
+def write_with(path, write, what: str, suffix: str = "") -> Path:
+    """`write(tmp)` writes a temporary file beside `path` (e.g. a plot library saving to a file
+    name; `suffix` keeps the extension it reads the format from), then it replaces `path`."""
+    with _replacing(path, what, suffix) as tmp:
+        write(tmp)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def streamed(path, what: str = "--trace"):
+    """A file written while the work runs (the trace): lines go to a temporary file beside
+    `path`, renamed over it when the block completes; an interrupt (SIGINT) or an error removes
+    the temporary file and leaves the old `path` as it was. `path` None yields None."""
+    if path is None:
+        yield None
+        return
+    with _replacing(path, what) as tmp:
+        with _open_new(tmp) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+
+
+# --------------------------------------------------------------------------- JSON in and out
+
+
+def read_json(path, what: str):
+    """A JSON file, or BadInput naming `what` and the cause (missing, unreadable, not JSON, or
+    nested deeper than the parser recurses)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise BadInput(f"{what} {path}: does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"{what} {path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    except json.JSONDecodeError as e:
+        raise BadInput(f"{what} {path}: not JSON ({e})") from None
+    except RecursionError:
+        raise BadInput(f"{what} {path}: nested too deeply to read (no result or sequence file is)") from None
 
 
 def strict_json(obj):
@@ -90,42 +224,16 @@ def dumps(obj) -> str:
     return json.dumps(strict_json(obj), indent=2, allow_nan=False, default=str) + "\n"
 
 
-def write_json(path, obj, what: str = "--json") -> Path:
-    """Write `obj` as strict JSON to `path` without harming what is there.
-
-    - an existing regular file is written through (same inode: its mode, owner and hard links are
-      kept), and a symlink stays a symlink: its target receives the content;
-    - special files (devices, FIFOs, sockets) and directories are refused (`check_output_file`);
-    - a new file is written to a temporary name beside it and renamed into place (a reader never
-      sees half of it), with the mode `open` gives a new file: 0666 less the umask (0644 usually),
-      not mkstemp's 0600.
-    """
-    text = dumps(obj)
-    check_output_file(path, what)
-    real = Path(os.path.realpath(path))
+def emit(text: str = "") -> None:
+    """Print a line of the result to stdout. A reader that went away (`repro inspect | head -1`)
+    is not an error: stdout is pointed at /dev/null and the command goes on, so its files are
+    still written and its exit code still says what it found."""
     try:
-        if real.exists():
-            with open(real, "r+") as f:
-                f.truncate(0)
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            return Path(path)
-        real.parent.mkdir(parents=True, exist_ok=True)
-        tmp = real.parent / f".{real.name}.{uuid.uuid4().hex[:8]}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, real)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    except OSError as e:
-        raise BadInput(f"{what} {path}: cannot write ({e.strerror or e})") from e
-    return Path(path)
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 # --------------------------------------------------------------------------- report directories
@@ -134,7 +242,7 @@ def write_json(path, obj, what: str = "--json") -> Path:
 def _manifest(d: Path) -> list[str]:
     try:
         names = json.loads((d / MANIFEST).read_text()).get("files", [])
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return []
     return [n for n in names if isinstance(n, str) and n and "/" not in n and n not in (".", "..")]
 
@@ -142,19 +250,20 @@ def _manifest(d: Path) -> list[str]:
 def prepare_output_dir(path, force: bool = False, what: str = "--report", names=()) -> Path:
     """Check a report directory before the work starts; returns its absolute path.
 
-    A missing directory must be creatable. An existing one must be empty, unless `force`: then
-    `install_dir` replaces the entries the suite wrote there before (listed in its manifest) and
-    keeps everything else. Nothing is removed here, so a run that fails loses nothing. `names`:
-    the files about to be written; one of them already there and not the suite's is refused even
-    with `force` (the user's file would be overwritten). Scratch folders a killed run left
-    (`.repro-staging-*`) are the suite's and always removed. `-o .` works: the
-    current directory is handled like any other.
+    A missing directory is created at the end, in a folder that must exist (never created) and
+    take new entries. An existing one must be empty, unless `force`: then `install_dir` replaces
+    the entries the suite wrote there before (listed in its manifest) and keeps everything else.
+    Nothing is removed here, so a run that fails loses nothing. `names`: the files about to be
+    written; one of them already there and not the suite's is refused even with `force` (the
+    user's file would be overwritten). Scratch folders a killed run left (`.repro-staging-*`)
+    are the suite's and always removed. `-o .` works: the current directory is handled like any
+    other.
     """
     p = Path(os.path.abspath(path))
     if not p.exists():
         if p.is_symlink():
-            raise BadInput(f"{what} {path}: a dangling symlink")
-        _check_creatable(p, what)
+            raise BadInput(f"{what} {path}: a dangling symlink (to {os.readlink(p)})")
+        _check_folder(p.parent, what, path)
         return p
     if not p.is_dir():
         raise BadInput(f"{what} {path}: exists and is not a directory")
@@ -164,6 +273,7 @@ def prepare_output_dir(path, force: bool = False, what: str = "--report", names=
         entries = os.listdir(p)
     except OSError as e:
         raise BadInput(f"{what} {path}: cannot list ({e.strerror})") from e
+    _probe(p, what, path)
     for e in entries:
         if e.startswith(STAGING):
             shutil.rmtree(p / e, ignore_errors=True)
@@ -184,9 +294,9 @@ def prepare_output_dir(path, force: bool = False, what: str = "--report", names=
 
 
 def staging_dir(out: Path) -> Path:
-    """A fresh scratch path inside `out` (created) for a writer that wants to build a directory
-    atomically; `install_dir` moves its content into `out`."""
-    out.mkdir(parents=True, exist_ok=True)
+    """A fresh scratch path inside `out` (created; its parent was checked to exist) for a writer
+    that wants to build a directory atomically; `install_dir` moves its content into `out`."""
+    out.mkdir(exist_ok=True)
     s = out / f"{STAGING}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     s.mkdir()
     return s
@@ -199,7 +309,7 @@ def install_dir(src: Path, out: Path) -> list[str]:
     manifest is written first, so a kill in between still leaves the new entries known as ours."""
     src, out = Path(src), Path(out)
     names = sorted(os.listdir(src))
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(exist_ok=True)
     old = set(_manifest(out))
     for n in names:
         if n not in old and (out / n).exists():

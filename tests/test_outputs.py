@@ -21,22 +21,24 @@ def test_write_json_keeps_a_symlink_and_writes_its_target(tmp_path):
     assert json.loads(target.read_text()) == {"a": 1}
 
 
-def test_write_json_writes_through_an_existing_file_keeping_inode_and_mode(tmp_path):
+def test_write_json_replaces_an_existing_file_whole_keeping_its_mode(tmp_path):
+    # written to a temporary file beside it and renamed over it: a reader sees the old file or the
+    # new one, never half of it; the mode stays, and a hard link keeps the old content
     p = tmp_path / "r.json"
     p.write_text("old")
     os.chmod(p, 0o640)
     hard = tmp_path / "hard.json"
     os.link(p, hard)
-    ino = p.stat().st_ino
     io.write_json(p, [1, 2])
-    assert p.stat().st_ino == ino and stat.S_IMODE(p.stat().st_mode) == 0o640
-    assert json.loads(hard.read_text()) == [1, 2]
+    assert json.loads(p.read_text()) == [1, 2] and stat.S_IMODE(p.stat().st_mode) == 0o640
+    assert hard.read_text() == "old"
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["hard.json", "r.json"]
 
 
 def test_a_new_file_gets_the_umask_mode_not_0600(tmp_path):
     old = os.umask(0o022)
     try:
-        p = io.write_json(tmp_path / "sub" / "new.json", {})
+        p = io.write_json(tmp_path / "new.json", {})
     finally:
         os.umask(old)
     assert stat.S_IMODE(p.stat().st_mode) == 0o644

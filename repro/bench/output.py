@@ -12,7 +12,7 @@ from .replay import (BENCH_ISLANDS, CHOICES, MODES, TARGET_FLOOR_RATIO, TARGET_S
                      parse_batches, run_bench, targets)
 from ..errors import BadInput
 from ..graphs import make_provider
-from ..io import check_output_file, write_json
+from ..io import check_output_file, write_json, write_with
 
 
 def _f(v, fmt="{:.1f}"):
@@ -110,9 +110,10 @@ def plot(res: BenchResult, path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle(f"repro bench: {res.device}, {res.graph_provider}", fontsize=10)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        write_with(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"), "--plot", ".png")
+    finally:
+        plt.close(fig)
 
 
 @dataclass(frozen=True)

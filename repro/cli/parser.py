@@ -53,14 +53,13 @@ def knobs_help() -> str:
 
 
 def _common(s) -> None:
-    """The options `run` and `hunt` share."""
+    """The options `run` and `hunt` share (`run` adds --seed: a hunt draws its own sequences)."""
     s.add_argument("--model", help="checkpoint directory (default: the embedded tiny checkpoint)")
     s.add_argument("--device", default="auto", help="auto | cpu | cuda | xpu")
     s.add_argument("--layer", type=count(0), default=None, help="layer index (default: the first of the right type)")
     s.add_argument("--mode", choices=["piecewise", "full"], default=None, help="capture mode (default: both)")
     s.add_argument("--hazard", action="append", default=[], help="plant a hazard (repeatable; listed below)")
     s.add_argument("--repair", action="append", default=[], help="apply a repair (repeatable; listed below)")
-    s.add_argument("--seed", type=int, default=0, help="seed of the request sequence")
     s.add_argument("--sentinel", type=int, choices=[-1, 0], default=0,
                    help="the pad sentinel the kernels skip: 0 (slot 0 is a null block, vLLM's default) or -1")
     s.add_argument("--json", help="write the result (strict JSON) here")
@@ -83,10 +82,15 @@ def _run(sub, raw) -> None:
     _common(s)
     s.add_argument("--island", default="all", help="all | submod0 | gdn_core | submod1 | moe | forced_comm")
     s.add_argument("--tp", type=count(1, 64), default=1, help="tensor-parallel ranks (island forced_comm only)")
-    s.add_argument("--steps", type=count(1, MAX_STEPS), default=200,
-                   help=f"scheduler steps of the seeded sequence (1..{MAX_STEPS}; more belongs in a --sequence file)")
-    s.add_argument("--sequence", help="replay this request sequence (JSON, e.g. from `repro hunt --save`)")
-    s.add_argument("--trace", help="write per-step digests here (JSON lines)")
+    s.add_argument("--steps", type=count(1, MAX_STEPS), default=None,
+                   help=f"scheduler steps of the seeded sequence (default 200; 1..{MAX_STEPS}, more belongs in a "
+                        "--sequence file)")
+    s.add_argument("--seed", type=int, default=None, help="seed of the request sequence (default 0)")
+    s.add_argument("--sequence", help="replay this request sequence (JSON, e.g. from `repro hunt --save`); "
+                   "not with --steps or --seed, which make the seeded sequence")
+    s.add_argument("--trace", help="write per-step digests here (JSON lines), streamed into a temporary file "
+                   "beside it and renamed when the run completes (an interrupted run leaves the old file). Only "
+                   "the chain islands write trace lines: --island moe and forced_comm refuse --trace")
     s.add_argument("--strict", action="store_true",
                    help="batch variance and kernel nondeterminism fail the run too (default: reported, exit 0)")
     s.add_argument("--no-amplify", action="store_true", help="leave stream races to their natural timing "

@@ -24,6 +24,14 @@ ISLAND_MODES = {
 }
 
 
+def check_knobs(hazards, repairs) -> None:
+    """Each hazard and repair once: a second `--hazard X` would be silently the same run."""
+    for what, names in (("--hazard", hazards), ("--repair", repairs)):
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            raise BadInput(f"{what} {twice} is given twice (each hazard and repair is planted once)")
+
+
 def plan(island: str, mode: str | None, hazards, repairs, streams: bool) -> list[Case]:
     """Explicit hazards/repairs -> one case per mode; none -> baseline plus every applicable hazard."""
     if island in ("all", None):

@@ -15,7 +15,7 @@ from kernels import registry
 from .. import comm
 from ..errors import BadInput
 from ..graphs import make_provider
-from ..io import check_output_file, write_json
+from ..io import check_output_file, streamed, write_json
 from ..islands import Model, check_island
 from ..knobs import hazards as hz
 from ..model.tiny import default_checkpoint
@@ -23,8 +23,12 @@ from ..progress import for_cases
 from ..report import check_output as check_report_dir
 from ..report import write_report
 from ..scheduler.sequence import Sequence
-from .cases import default_sequence, plan, run_case
+from .cases import check_knobs, default_sequence, plan, run_case
 from .results import device_name, exit_code, format_table, verdict
+
+
+DEFAULT_STEPS = 200
+TRACELESS = ("moe", "forced_comm")  # islands whose runs write no trace lines
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,8 @@ class RunConfig:
     mode: str | None = None
     hazards: tuple[str, ...] = ()
     repairs: tuple[str, ...] = ()
-    steps: int = 200
-    seed: int = 0
+    steps: int | None = None  # None: DEFAULT_STEPS (given with `sequence`, it is refused)
+    seed: int | None = None  # None: 0 (given with `sequence`, it is refused)
     sentinel: int = 0
     sequence: Path | None = None
     trace: Path | None = None
@@ -70,14 +74,33 @@ def _explain(r, v: str) -> str:
     return f"{label}: {v}: {what}"
 
 
+def _refuse_ignored(c: RunConfig, comm_run: bool) -> None:
+    """Options that would do nothing here are refused, not silently ignored."""
+    check_knobs(c.hazards, c.repairs)
+    if c.force and not c.report:
+        raise BadInput("--force: only with --report (it lets a report replace what repro wrote in DIR before)")
+    if c.sequence and c.steps is not None:
+        raise BadInput(f"--steps {c.steps}: --sequence {c.sequence} gives the steps (leave --steps out, or cut the file)")
+    if c.sequence and c.seed is not None:
+        raise BadInput(f"--seed {c.seed}: --sequence {c.sequence} gives the sequence (the seed makes a generated one)")
+    if c.trace and (comm_run or c.island in TRACELESS):
+        island = "forced_comm" if comm_run else c.island
+        raise BadInput(f"--trace: island {island} writes no trace lines (only the chain islands do); leave --trace out")
+    if comm_run and c.mode:
+        raise BadInput(f"--mode {c.mode}: island forced_comm has no capture mode to choose (its comm mode follows "
+                       "the hazards and repairs)")
+
+
 def run_command(c: RunConfig) -> int:
     """`repro run`: returns the exit code (0 clean, 1 divergence or missed hazard)."""
     if c.island != "all":
         check_island(c.island)
+    comm_run = c.tp > 1 or c.island == "forced_comm"
+    _refuse_ignored(c, comm_run)
     check_output_file(c.json, "--json")
     check_output_file(c.trace, "--trace")
     report = check_report_dir(c.report, c.force, "--report") if c.report else None
-    if c.tp > 1 or c.island == "forced_comm":
+    if comm_run:
         if not c.amplify:
             raise BadInput("--no-amplify: forced_comm runs always amplify (not wired through its ranks yet)")
         if c.reference_every is not None:
@@ -98,11 +121,11 @@ def run_command(c: RunConfig) -> int:
     if seq is not None:
         seq.check_fits(model.cfg.vocab_size, hz.options_for(c.hazards).sentinel(c.sentinel), f"--sequence {c.sequence}")
     else:
-        seq = default_sequence(c.seed, c.steps, vocab=model.cfg.vocab_size)
+        seq = default_sequence(c.seed or 0, c.steps or DEFAULT_STEPS, vocab=model.cfg.vocab_size)
     results = []
     t0 = time.perf_counter()
     progress = for_cases(len(cases))
-    with open(c.trace, "w") if c.trace else _Nothing() as trace:
+    with streamed(c.trace, "--trace") as trace:
         try:
             for case in cases:
                 step_cb = progress.start(f"{case.island} {case.mode} {','.join(case.hazards) or 'baseline'}"
@@ -122,8 +145,8 @@ def run_command(c: RunConfig) -> int:
         print(f"against the third copy, rounding used at most {v:.3g} of its bound ({k}, {r.case.island} "
               f"{r.case.mode}{' ' + ','.join(r.case.hazards) if r.case.hazards else ''}); per tensor: --json")
     doc = {"command": c.command, "device": device_name(provider), "graph_provider": provider.name,
-           "torch": torch.__version__, "checkpoint": str(path), "seed": c.seed, "sentinel": c.sentinel,
-           "layer": model.layer, "kernels": {op: registry.selected(op) for op in registry.ops()},
+           "torch": torch.__version__, "checkpoint": str(path), "seed": None if c.sequence else c.seed or 0,
+           "sentinel": c.sentinel, "layer": model.layer, "kernels": {op: registry.selected(op) for op in registry.ops()},
            "plugins": registry.plugins(), "sequence": seq.to_json(), "results": [r.to_json() for r in results]}
     if c.json:
         write_json(c.json, doc)
@@ -139,20 +162,13 @@ def run_command(c: RunConfig) -> int:
     return exit_code(results, explicit)
 
 
-class _Nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _forced_comm(c: RunConfig) -> int:
     if c.island not in ("forced_comm", "all"):
         raise BadInput(f"--tp {c.tp}: only island forced_comm runs on several ranks, not {c.island}")
     batches = Sequence.load(c.sequence).batches() if c.sequence else None
     res = comm.run_forced_comm(c.model or default_checkpoint(c.cache), tp=c.tp, device=c.device,
-                               hazards=list(c.hazards), repairs=list(c.repairs), steps=c.steps, seed=c.seed,
+                               hazards=list(c.hazards), repairs=list(c.repairs), steps=c.steps or DEFAULT_STEPS,
+                               seed=c.seed or 0,
                                layer=c.layer or 0, timeout=600.0, batches=batches, kill_rank=c.kill,
                                backend=c.comm_backend)
     print(comm.format_table(res))

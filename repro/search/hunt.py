@@ -272,6 +272,8 @@ def _hunt(o: HuntConfig) -> tuple[int, dict | None]:
                        "`repro run --island forced_comm --tp N`")
     mode = o.mode or default_mode(o.hazards)
     save = save_path(o, mode)
+    if not o.save:
+        save.parent.mkdir(parents=True, exist_ok=True)  # the cache's own folder for saved hunts
     check_output_file(save, "--save")
     check_output_file(o.json, "--json")
     provider = make_provider(o.device)
