@@ -108,9 +108,11 @@ def test_multi_rank_rows_go_through_the_shared_verdict_table_and_exit_code():
            "elapsed_s": 1.04, "failure": None}
     assert [verdict(r) for r in (hit, clean, missed)] == ["detected", "ok", "MISSED"]
     assert verdict(MultiRankResult(CommCase(), 0, None, ran=False)) == "not run"
-    lines = format_table([hit, clean], run=run).splitlines()
+    table = format_table([hit, clean], run=run)
+    lines = table.splitlines()
     assert lines[0].split()[:3] == ["island", "comm", "mode"] and "class" not in lines[0]
-    assert "step 0 rank 1 out row 0 |d|=2" in lines[2] and lines[3].endswith("1.50")
+    assert lines[2].endswith("detected  1") and lines[3].endswith("ok")  # no timing column
+    assert "[1] difference: step 0 rank 1 out row 0 |d|=2" in table
     assert lines[-1] == "tp 2 over gloo on cpu, provider cpu-tape, comm dtype auto, 1.0 s"
     assert hit.to_json()["first_divergence"] == {"index": 0, "step": 0, "island": "forced_comm", "tensor": "out",
                                                  "row": 0, "rank": 1, "max_abs": 2.0}

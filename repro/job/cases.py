@@ -4,6 +4,8 @@ over one seeded request sequence, on one provider. Results follow DESIGN.md's JS
 shared with the multi-rank runs of `comm/`."""
 from __future__ import annotations
 
+import itertools
+import random
 from dataclasses import replace
 
 from ..knobs import hazards as hz
@@ -13,7 +15,8 @@ from ..islands import Model
 from ..lockstep.lockstep import run_lockstep
 from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
 from .results import Case, CaseResult
-from ..scheduler.sequence import Sequence, random_sequence
+from .triggers import reached
+from ..scheduler.sequence import Request, Sequence
 
 # Islands the single-rank job covers, and how each maps onto a runner setting: the capture mode
 # and the families that run eagerly around it.
@@ -73,6 +76,7 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
         families = opts.runner.eager_families | ISLAND_MODES[case.island][1]
         opts = replace(opts, runner=replace(opts.runner, eager_families=families))
     copy_sentinel = opts.sentinel(sentinel)  # a hazard may give the kernels another sentinel
+    batches = None
     if case.island == "moe":
         from ..lockstep.lockstep import run_moe_lockstep
         res = run_moe_lockstep(model, provider, seq.batches(), sizes=sizes)
@@ -84,18 +88,44 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
         res = run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=copy_sentinel),
                            provider, batches, mode=case.mode, opts=opts,
                            sizes=sizes, trace=trace, progress=progress, max_tokens=seq.max_tokens, reference=ref)
-    return CaseResult(case, res.steps, res.divergence, [f.to_json() for f in res.findings], res.eager_us,
-                      res.replay_us, res.kernel_findings, strict, bound_usage=res.bound_usage)
+    findings = [f.to_json() for f in res.findings]
+    triggered = None if batches is None else reached(case.hazards, case.repairs, case.mode, batches[:res.steps],
+                                                     sizes, findings)
+    return CaseResult(case, res.steps, res.divergence, findings, res.eager_us, res.replay_us, res.kernel_findings,
+                      strict, bound_usage=res.bound_usage, triggered=triggered)
+
+
+ARRIVAL_GAP = 4  # scheduler ticks between two arrivals, at most (uniform 0..4: about 0.5 a tick)
+
+
+def request_stream(seed: int, max_prompt: int = 8, max_decode: int = 24):
+    """The seed's requests, one after another, each drawn from the same generator in the same
+    order and arriving no earlier than the one before: the first k requests of a seed are the
+    same whatever k is."""
+    rng = random.Random(seed)
+    t = 0
+    for rid in itertools.count():
+        t += rng.randint(0, ARRIVAL_GAP)
+        prompt, decode = rng.randint(1, max_prompt), rng.randint(1, max_decode)
+        preempt = rng.choice([None, None, None, rng.randint(1, 4)])
+        yield Request(rid=rid, prompt_len=prompt, decode_steps=decode, arrive=t, preempt_after=preempt)
 
 
 def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512) -> Sequence:
-    """A seeded random sequence cut to exactly `steps` scheduler steps."""
-    n = max(2, steps // 6)
-    while True:
-        seq = random_sequence(seed, num_requests=n, num_slots=num_slots, vocab=vocab)
-        batches = seq.batches()
-        if len(batches) >= steps:
-            seq.max_steps = steps
-            return seq
-        n = n * 3 // 2 + 1
+    """The seeded sequence's first `steps` scheduler steps: one sequence per seed, cut, so a
+    shorter run is the start of a longer one (a divergence at step 12 of a 30-step run is the
+    last step of a 13-step run).
 
+    Enough of the seed's request stream is taken that the next request never made it into those
+    steps: a later one arrives no earlier and the scheduler admits in arrival order, so it could
+    not have either, and more requests would change nothing before the cut. The requests kept are
+    those up to the last one scheduled."""
+    stream = request_stream(seed)
+    reqs = list(itertools.islice(stream, steps // 2 + 8))
+    while True:
+        seq = Sequence(reqs, num_slots=num_slots, vocab=vocab, seed=seed, max_steps=steps)
+        batches = seq.batches()
+        if len(batches) == steps and all(reqs[-1].rid not in b.request_ids for b in batches):
+            last = max(rid for b in batches for rid in b.request_ids)
+            return Sequence(reqs[:last + 1], num_slots=num_slots, vocab=vocab, seed=seed, max_steps=steps)
+        reqs += list(itertools.islice(stream, len(reqs) // 4 + 8))

@@ -13,12 +13,15 @@ A case is anything with `island`, `mode`, `hazards`, `repairs` and `expect`: `Ca
 """
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 
 import torch
 
 from ..check.compare import KERNEL_FINDINGS, Divergence
+from ..knobs import hazards as hz
 from ..knobs.hazards import FINDING_KINDS
+from .triggers import needs, shown_by_finding
 
 
 @dataclass
@@ -42,6 +45,7 @@ class CaseResult:
     strict: bool = False  # kernel findings fail the case too
     ran: bool = True  # False: the run never reached this case (a rank died or hung first)
     bound_usage: dict = field(default_factory=dict)  # tensor -> largest |d| / bound against the third copy
+    triggered: bool | None = None  # the steps reached a live hazard's trigger (`triggers.py`); None: not judged
 
     @property
     def failure(self) -> Divergence | None:
@@ -62,8 +66,13 @@ class CaseResult:
         return None if f is None else f.to_json()
 
     @property
+    def shown_by_finding(self) -> bool:
+        """A live planted hazard whose mechanism the runner reported as a finding (its trigger)."""
+        return shown_by_finding(self.case.hazards, self.case.repairs, self.findings)
+
+    @property
     def detected(self) -> bool:
-        return self.diverged or any(f["kind"] in FINDING_KINDS for f in self.findings)
+        return self.diverged or any(f["kind"] in FINDING_KINDS for f in self.findings) or self.shown_by_finding
 
     @property
     def classification(self) -> str:
@@ -85,7 +94,8 @@ class CaseResult:
                 "kernel_findings": {k: {"count": v["count"], "first": v["first"].to_json()}
                                     for k, v in self.kernel_findings.items()},
                 "eager_us": round(self.eager_us, 1), "replay_us": round(self.replay_us, 1),
-                "bound_usage": {k: round(v, 4) for k, v in sorted(self.bound_usage.items())}}
+                "bound_usage": {k: round(v, 4) for k, v in sorted(self.bound_usage.items())},
+                "triggered": self.triggered, "verdict": verdict(self)}
 
 
 @dataclass
@@ -127,14 +137,18 @@ def rank_divergence_json(d: Divergence) -> dict:
 
 
 def verdict(r: CaseResult) -> str:
+    """ok / DIVERGED for a case that should be clean; detected / MISSED / not triggered for a
+    planted hazard. A planted hazard is detected by a graph hazard or corruption (never by a
+    kernel finding), by the finding its row expects, or by the finding that reports its mechanism
+    (its trigger); "not triggered": the steps never reached what it needs (`triggers.py`)."""
     if not r.ran:
         return "not run"
     if r.case.expect == "clean":
         return "ok" if not r.detected else "DIVERGED"
-    if r.case.expect == "finding":
-        return "detected" if r.detected else "MISSED"
-    # a planted hazard is detected by a graph hazard or corruption, never by a kernel finding
-    return "detected" if r.divergence is not None else "MISSED"
+    shown = r.detected if r.case.expect == "finding" else (r.divergence is not None or r.shown_by_finding)
+    if shown:
+        return "detected"
+    return "not triggered" if r.triggered is False else "MISSED"
 
 
 def exit_code(results: list[CaseResult], hazards_requested: bool = False, run: dict | None = None) -> int:
@@ -161,53 +175,82 @@ def _where(d: Divergence) -> str:
     return d.where()
 
 
-MIN_TIMED_STEPS = 10  # below this a row's replay/eager ratio is capture time, not replay speed
-FINDING_WIDTH = 60  # characters of a finding's text in the table (the JSON keeps it whole)
+WIDTH = 100  # the table and its notes fit a terminal this wide
 
 
-def _finding_cell(r: CaseResult) -> str:
-    """The first runner finding, cut at a word and marked; on a clean row it is a note (what the
-    repair's mechanism showed), not a failure, and says so."""
-    if not r.findings:
+def _probes(r: CaseResult) -> list[str]:
+    return [h for h in r.case.hazards if hz.HAZARDS[h].probe]
+
+
+def _notes_of(r: CaseResult) -> list[str]:
+    """Everything a row has to say, whole: what failed it (or the first kernel finding), the kernel
+    findings' counts, the runner's findings, why a hazard was not triggered, what a probe is."""
+    notes = []
+    f = r.failure
+    if f is not None:
+        text = f"{f.kind or 'difference'}: {_where(f)}"
+        race = next((x["detail"] for x in r.findings if x["kind"] == "race"), None)
+        if race:  # the interleaving the race amplifier forced (runner.RaceLog)
+            text += " [race " + race.split(";")[0] + "]"
+        notes.append(text)
+    for kind in KERNEL_FINDINGS:
+        k = r.kernel_findings.get(kind)
+        if k is not None and k["first"] is not f:
+            notes.append(f"{kind} x{k['count']}, the first: {_where(k['first'])}")
+    notes += [f"{x['kind']}: {x['detail']}" for x in r.findings if not (f is not None and x["kind"] == "race")]
+    if verdict(r) == "not triggered":
+        notes.append(f"not triggered in {r.steps} steps: {needs(r.case.hazards, r.case.repairs)}; a longer "
+                     "run (--steps) or `repro hunt` reaches it")
+    for h in _probes(r):
+        notes.append(f"{h} is a probe for an upstream bug with no known repair ({hz.HAZARDS[h].cases}): "
+                     "ok means this stack does not show it")
+    return notes
+
+
+def _refs(ns: list[int]) -> str:
+    """Note numbers as a short cell: 1 / 2,5 / 3-16."""
+    if not ns:
         return ""
-    text = f"{r.findings[0]['kind']}: {r.findings[0]['detail']}"
-    if len(text) > FINDING_WIDTH:
-        cut = text[:FINDING_WIDTH].rsplit(" ", 1)[0]
-        text = (cut if len(cut) > FINDING_WIDTH // 2 else text[:FINDING_WIDTH]) + " ..."  # a word, unless one fills it
-    more = f" (+{len(r.findings) - 1} more)" if len(r.findings) > 1 else ""
-    return ("note: " if verdict(r) == "ok" else "") + text + more
+    ns = sorted(set(ns))
+    if len(ns) > 2 and ns[-1] - ns[0] == len(ns) - 1:
+        return f"{ns[0]}-{ns[-1]}"
+    return ",".join(map(str, ns))
+
+
+def _wrap(text: str, label: str = "") -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=label, subsequent_indent=" " * len(label),
+                         break_long_words=False, break_on_hyphens=False) or [label.rstrip()]
 
 
 def format_table(results: list[CaseResult], run: dict | None = None) -> str:
-    """One row a case. `run`: a multi-rank run's JSON object; its table has a comm mode column
-    and no class column (ranks report no kernel findings), and ends with the failure, if any,
-    and the launch line (ranks, backend, device, provider, comm dtype, time)."""
+    """One row a case, then the notes the rows refer to, numbered, each printed whole once and
+    wrapped to WIDTH columns (no timing: the replay/eager ratio of a lockstep step is mostly the
+    checking's cost; `repro bench` times replay). `run`: a multi-rank run's JSON object; its table
+    has a comm mode column and ends with the failure, if any, and the launch line (ranks,
+    backend, device, provider, comm dtype, time)."""
     multi = run is not None
-    rows = [("island", "comm mode" if multi else "mode", "hazard", "repair", "steps", "result")
-            + (() if multi else ("class",)) + ("first divergence" if multi else "first divergence / finding",
-                                               "replay/eager")]
+    rows = [("island", "comm mode" if multi else "mode", "hazard", "repair", "steps", "result", "notes")]
+    notes: dict[str, int] = {}
     for r in results:
-        f = r.failure
-        if f is None and r.kernel_findings:
-            f = min((v["first"] for v in r.kernel_findings.values()), key=lambda d: d.step)
-        where = _where(f) if f is not None else _finding_cell(r)
-        race = next((x["detail"] for x in r.findings if x["kind"] == "race"), None)
-        if f is not None and race:  # the interleaving the race amplifier forced (runner.RaceLog)
-            where += " [race " + race.split(";")[0] + "]"
-        # a few steps' timing is mostly capture and warm-up: no ratio is shown for them
-        ratio = f"{r.replay_us / r.eager_us:.2f}" if r.eager_us and r.steps >= MIN_TIMED_STEPS else "-"
+        refs = [notes.setdefault(text, len(notes) + 1) for text in _notes_of(r)]
+        result = verdict(r) + (" (probe)" if _probes(r) else "")
         rows.append((r.case.island, r.case.mode, ",".join(r.case.hazards) or "-", ",".join(r.case.repairs) or "-",
-                     str(r.steps), verdict(r)) + (() if multi else (r.classification,)) + (where, ratio))
+                     str(r.steps), result, _refs(refs)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines = ["  ".join(c.rjust(w) if i == 4 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
+             for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if notes:
+        lines.append("")
+        for text, n in notes.items():
+            lines += _wrap(text, f"[{n}] ")
     if multi:
         f = run.get("failure")
         if f:
             where = f"case {f['case']}, step {f['step']}, {f['phase']}" if f.get("case") else f"phase {f.get('phase')}"
-            lines.append(f"FAILED: {f['kind']}: {f['detail']} (at {where})")
-        lines.append(f"tp {run['tp']} over {run['backend']} on {run['device']}, provider {run['graph_provider']}, "
-                     f"comm dtype {run['comm_dtype']}, {run['elapsed_s']:.1f} s")
+            lines += _wrap(f"FAILED: {f['kind']}: {f['detail']} (at {where})")
+        lines += _wrap(f"tp {run['tp']} over {run['backend']} on {run['device']}, provider {run['graph_provider']}, "
+                       f"comm dtype {run['comm_dtype']}, {run['elapsed_s']:.1f} s")
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ forced_comm --tp N`) goes to `comm.run_forced_comm` and shares the table and the
 from __future__ import annotations
 
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,8 @@ from ..report import check_output as check_report_dir
 from ..report import write_report
 from ..scheduler.sequence import Sequence
 from .cases import check_knobs, default_sequence, plan, run_case
-from .results import device_name, exit_code, format_table, verdict
+from .results import WIDTH, device_name, exit_code, format_table, verdict
+from .triggers import needs
 
 
 DEFAULT_STEPS = 200
@@ -69,6 +71,8 @@ def _explain(r, v: str) -> str:
         what = f.where() + (f" ({f.reason})" if f.reason else "")
     elif r.findings:
         what = f"{r.findings[0]['kind']}: {r.findings[0]['detail']}"
+    elif v == "not triggered":
+        what = f"the {r.steps} steps never reached it ({needs(r.case.hazards, r.case.repairs)}); try more --steps"
     else:
         what = f"nothing in {r.steps} steps"
     return f"{label}: {v}: {what}"
@@ -137,13 +141,15 @@ def run_command(c: RunConfig) -> int:
         finally:
             progress.clear()
     print(format_table(results))
-    print(f"{len(results)} runs, {len(seq.batches())} steps each at most, {time.perf_counter() - t0:.1f} s, "
-          f"provider {provider.name} on {device_name(provider)}")
+    lines = [f"{len(results)} runs, {len(seq.batches())} steps each at most, {time.perf_counter() - t0:.1f} s, "
+             f"provider {provider.name} on {device_name(provider)} (replay speed: `repro bench`)"]
     used = [(v, k, r) for r in results for k, v in r.bound_usage.items()]
     if used:
         v, k, r = max(used, key=lambda u: u[0])
-        print(f"against the third copy, rounding used at most {v:.3g} of its bound ({k}, {r.case.island} "
-              f"{r.case.mode}{' ' + ','.join(r.case.hazards) if r.case.hazards else ''}); per tensor: --json")
+        lines.append(f"against the third copy, rounding used at most {v:.3g} of its bound ({k}, {r.case.island} "
+                     f"{r.case.mode}{' ' + ','.join(r.case.hazards) if r.case.hazards else ''}); per tensor: --json")
+    for line in lines:  # the table's width
+        print("\n".join(textwrap.wrap(line, WIDTH, break_long_words=False, break_on_hyphens=False)))
     doc = {"command": c.command, "device": device_name(provider), "graph_provider": provider.name,
            "torch": torch.__version__, "checkpoint": str(path), "seed": None if c.sequence else c.seed or 0,
            "sentinel": c.sentinel, "layer": model.layer, "kernels": {op: registry.selected(op) for op in registry.ops()},
@@ -157,7 +163,7 @@ def run_command(c: RunConfig) -> int:
     explicit = bool(c.hazards)
     for r in results:
         v = verdict(r)
-        if v in ("DIVERGED", "MISSED") or (explicit and r.detected):
+        if v in ("DIVERGED", "MISSED") or (explicit and (r.detected or v == "not triggered")):
             print(f"repro: {_explain(r, v)}", file=sys.stderr)
     return exit_code(results, explicit)
 

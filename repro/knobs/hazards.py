@@ -47,6 +47,7 @@ class Hazard:
     standalone: bool = False  # the standalone report script rebuilds it
     probe: bool = False  # a probe for an upstream bug with no known repair: a healthy stack stays clean
     cases: str = ""
+    trigger: str = "replay"  # what the steps must reach for it to show (`job/triggers.py`), or a finding kind
 
     def __post_init__(self):
         validate(self.sets)
@@ -57,10 +58,10 @@ class Hazard:
 
 HAZARDS: dict[str, Hazard] = {h.name: h for h in [
     Hazard("stale-pad", "padded rows keep the last step's state indices and token ids", ("sanitize-pad",),
-           {"runner.pad": Pad.STALE}, modes=("full",), standalone=True, cases="vLLM 37728"),
+           {"runner.pad": Pad.STALE}, modes=("full",), standalone=True, cases="vLLM 37728", trigger="stale-pad"),
     Hazard("pad-sentinel-mismatch", "the runner pads state indices with 0, the kernel skips only -1",
            ("sanitize-pad",), {"runner.pad": Pad.OTHER, "kernel_sentinel": -1}, modes=("full",),
-           standalone=True, cases="vLLM 35431, 39064"),
+           standalone=True, cases="vLLM 35431, 39064", trigger="padded-replay"),
     Hazard("shared-pool-weakref", "graph 0's outputs are held by weak reference in the shared pool, so graph 1's "
            "capture places its tensors over them and a reader of graph 0's outputs sees them overwritten",
            ("private-pool", "clone-outputs"), {"runner.weak_first_output": True}, modes=("piecewise",),
@@ -73,10 +74,10 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            cases="vLLM 37363, 37361, 37395, 53915"),
     Hazard("frozen-python-state", "the MoE trims rows to the forward context's token count, a Python int the "
            "graph freezes at capture", ("recapture", "eager-family=moe"), {"island.trim_moe_to_context": True},
-           standalone=True, cases="PyTorch 114844, vLLM 51928"),
+           standalone=True, cases="PyTorch 114844, vLLM 51928", trigger="python-state"),
     Hazard("undeclared-mutation", "the GDN decode op writes ssm_state but its schema declares no mutation",
            ("declare",), {"island.undeclared_decode": True}, detected_as="finding",
-           finding=UNDECLARED, cases="torch.library.opcheck"),
+           finding=UNDECLARED, cases="torch.library.opcheck", trigger="decode-replay"),
     Hazard("side-stream-no-wait", "replay on a side stream, consumer on the main stream without an event",
            ("event-wait",), {"runner.side_stream": True}, device_only=True, stream=True),
     Hazard("async-output-copy", "a non-blocking device-to-host copy of outputs is read before it lands",
@@ -84,7 +85,7 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            cases="lab: VLLM_XPU_SYNC_ASYNC_OUTPUT_COPY"),
     Hazard("escaped-capture", "submod0's z projection is issued on a stream the capture does not follow",
            ("capture-stream", "eager-family=submod0"), {"island.escape_z": True, "runner.relaxed_capture": True},
-           modes=("piecewise",), cases="PyTorch 196490, auto-round 2206"),
+           modes=("piecewise",), cases="PyTorch 196490, auto-round 2206", trigger="replay-again"),
     Hazard("comm-noop-capture", "the all-reduce is a no-op while capturing, so replay never reduces",
            ("eager-family=comm",), {"comm.noop_capture": True}, islands=("forced_comm",),
            cases="lab: VLLM_XPU_GRAPH_NOOP_COMM_CAPTURE"),
