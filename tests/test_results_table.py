@@ -1,6 +1,8 @@
 """What a person reads in the table: no `row None`, no timing column, and every note under the
 table, numbered, whole, referred to by its rows (issue 18; the width and the numbering: see
 test_short_runs.py); a hunt's progress against its bound."""
+import io as _io
+
 from repro.check.compare import GRAPH_HAZARD, Divergence
 from repro.job.results import Case, CaseResult, format_table
 
@@ -27,13 +29,22 @@ def test_findings_on_a_clean_row_are_notes_printed_whole():
     assert " ".join(f"mutates-input: {detail}".split()) in " ".join(table.split()) and "[2] alias: x" in table
 
 
-def test_a_hunt_says_how_far_it_is_without_a_terminal(capsys):
-    from repro.search.hunt import HUNT_LINE_EVERY, progress_of_hunt
-    tried = progress_of_hunt("hunt chain full stale-pad", 25)
-    for _ in range(2 * HUNT_LINE_EVERY + 3):
-        tried()
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 2 and lines[-1].startswith("repro: hunt chain full stale-pad: 20 sequences tried")
+def test_a_hunt_says_how_far_it_is_against_its_bound_without_a_terminal():
+    from repro.search.hunt import HUNT_LINE_EVERY, Budget, HuntProgress
+    s = _io.StringIO()
+    progress = HuntProgress("hunt chain full stale-pad", stream=s, tty=False)
+    b = Budget(lambda seq: None, 25, progress)
+    for i in range(1, 2 * HUNT_LINE_EVERY + 4):
+        b.spent = i  # as the budget counts each sequence it runs, then shows it
+        progress(b)
+    lines = s.getvalue().strip().splitlines()
+    assert len(lines) == 2 and lines[-1] == "repro: hunt chain full stale-pad: 20 sequences run of at most 25 (searching)"
+    b.found_at = b.spent = 24  # the 24th fails: the shrinking has one sequence left
+    progress(b)
+    progress.end(b)
+    lines = s.getvalue().strip().splitlines()
+    assert "found at sequence 24; shrinking with at most 1 more" in lines[-2]
+    assert lines[-1].endswith("shrinking: done (no smaller sequence fails), 24 sequences run of at most 25")
 
 
 def test_a_forced_comm_heartbeat_says_where_each_rank_is(tmp_path):

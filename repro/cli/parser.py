@@ -110,8 +110,11 @@ def _hunt(sub, raw) -> None:
                        formatter_class=raw, epilog=knobs_help())
     _common(s)
     s.add_argument("--island", default="all", help="all (the chain) | submod0 | gdn_core | submod1 | moe")
-    s.add_argument("--max-examples", type=count(1), default=None,
-                   help="sequences to try (default: the profile's, or 60 without --profile)")
+    s.add_argument("--max-examples", type=count(1), default=None, metavar="N",
+                   help="the distinct sequences the hunt may run, shrinking included: the search and the shrinking "
+                        "of what it found share N (default: the profile's, or 60 without --profile); a sequence "
+                        "seen before may run again (Hypothesis replays the minimal one, which shows a flaky "
+                        "failure), and one more run replays the cut minimal sequence for the result file")
     s.add_argument("--profile", default=None, choices=["ci", "dev", "soak"],
                    help="ci: 25 derandomised; dev: 150; soak: 5000 (database under $REPRO_CACHE)")
     s.add_argument("--save", help="where to save the minimal sequence (default: $REPRO_CACHE/hunts/"
@@ -188,7 +191,7 @@ def _bench(sub) -> None:
                         "is read off one run (default: the device's, 1 on the CPU and 16 on a GPU)")
 
 
-def parser(description: str) -> argparse.ArgumentParser:
+def parser(description: str | None = None) -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     p = Parser(prog="repro", description=description, formatter_class=raw)
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=Parser)

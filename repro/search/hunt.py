@@ -12,14 +12,22 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky
 
+from ..capture.piece import DEFAULT_SIZES
+from ..check.compare import Divergence
 from ..errors import BadInput
-from ..io import cache_dir, check_output_file, write_json
+from ..graphs import make_provider
+from ..io import cache_dir, check_output_file, emit, write_json
+from ..islands import Model, check_island
+from ..job.cases import Case, check_knobs, run_case
+from ..knobs import hazards as hz
 from ..model.tiny import default_checkpoint
+from ..progress import for_cases
 from ..report import check_output as check_report_dir
 from ..report import write_report
 from ..scheduler.sequence import Request, Sequence
@@ -83,25 +91,63 @@ def example_count(max_examples: int | None, profile: str | None) -> int:
     return DEFAULT_MAX_EXAMPLES
 
 
+class Budget:
+    """The distinct sequences a hunt may run: the search and its shrinking together
+    (`--max-examples`).
+
+    Wraps the check: a sequence seen before runs again without counting (Hypothesis replays the
+    shrunk example, and a failure that does not repeat must still be seen as flaky); once `total`
+    distinct sequences have run, any new one is answered "no divergence" without running, so the
+    shrinker keeps the smallest failure it has. `phase` is "searching" until the first failure,
+    then "shrinking"; `progress(budget)` is called after each new sequence."""
+
+    def __init__(self, check, total: int, progress=None):
+        self.check, self.total, self.progress = check, total, progress
+        self.spent = 0
+        self.found_at: int | None = None  # the run that first failed
+        self._seen: set = set()
+
+    @property
+    def phase(self) -> str:
+        return "searching" if self.found_at is None else "shrinking"
+
+    def __call__(self, seq: Sequence):
+        key = json.dumps(dataclasses.asdict(seq), sort_keys=True)
+        if key in self._seen:
+            return self.check(seq)
+        if self.spent >= self.total:
+            return None
+        self._seen.add(key)
+        self.spent += 1
+        div = self.check(seq)
+        if div is not None and self.found_at is None:
+            self.found_at = self.spent
+        if self.progress is not None:
+            self.progress(self)
+        return div
+
+
 def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab: int = 512, num_slots: int = 4,
-         max_requests: int = 5, max_tokens: int = 8, max_prompt: int | None = None, cache=None):
+         max_requests: int = 5, max_tokens: int = 8, max_prompt: int | None = None, cache=None, progress=None):
     """Search sequences for one where `check(seq)` returns a divergence; return the shrunk
-    (sequence, divergence) or (None, None). `max_examples` None: the profile's own count (so
-    `--profile soak` means 5000), or DEFAULT_MAX_EXAMPLES without a profile. Raises FlakyHunt
-    when a failure does not reproduce (nondeterminism is itself worth reporting, in one line)."""
+    (sequence, divergence) or (None, None). At most `max_examples` sequences run, the search and
+    the shrinking together (`Budget`); None: the profile's own count (so `--profile soak` means
+    5000), or DEFAULT_MAX_EXAMPLES without a profile. `progress(budget)` after each sequence run.
+    Raises FlakyHunt when a failure does not reproduce (nondeterminism is itself worth
+    reporting, in one line)."""
     found: list = []
     if profile is not None:
         register_profiles(cache)
         base = settings.get_profile(profile)
     else:
         base = settings(database=database(cache))
-    n = example_count(max_examples, profile)
+    budget = Budget(check, example_count(max_examples, profile), progress)
 
-    @settings(base, max_examples=n, deadline=None, suppress_health_check=list(HealthCheck),
+    @settings(base, max_examples=budget.total, deadline=None, suppress_health_check=list(HealthCheck),
               phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
     @given(sequences(max_requests, max_tokens, num_slots, vocab, max_prompt))
     def prop(seq):
-        div = check(seq)
+        div = budget(seq)
         if div is not None:
             found.append((seq, div))
             raise AssertionError(div.line())
@@ -113,7 +159,7 @@ def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab
         raise FlakyHunt(f"hunt: a failure did not reproduce on the same sequence (nondeterministic): {last}") from None
     except AssertionError:
         seq, div = found[-1]  # the last failure hypothesis tried is the shrunk one
-        return merge_pass(seq, div, check)
+        return merge_pass(seq, div, budget)
     return None, None
 
 
@@ -173,17 +219,11 @@ class _Found:
 def kernel_sentinel(hazards, sentinel: int) -> int:
     """The pad sentinel the kernels run with: a hazard may force its own (the typed table's
     `sets["kernel_sentinel"]`), and a saved sequence must be scheduled for that one to replay."""
-    from ..knobs import hazards as hz
-    for h in hazards:
-        forced = getattr(hz.HAZARDS[h], "sets", {}).get("kernel_sentinel")
-        if forced is not None:
-            return forced
-    return sentinel
+    return hz.options_for(hazards).sentinel(sentinel)
 
 
 def default_mode(hazards) -> str:
     """piecewise, unless a hazard only exists in full mode (the table's `modes`)."""
-    from ..knobs import hazards as hz
     return "full" if any("piecewise" not in hz.HAZARDS[h].modes for h in hazards) else "piecewise"
 
 
@@ -217,28 +257,46 @@ def cut_after(minimal: dict, step) -> dict:
     return {**minimal, "steps": minimal["steps"][: step + 1]}
 
 
-HUNT_LINE_EVERY = 10  # without a terminal: one stderr line per this many sequences tried
+HUNT_LINE_EVERY = 10  # without a terminal: one stderr line per this many sequences run
 
 
-def progress_of_hunt(label: str, total: int):
-    """A callback for each sequence tried: a bar on a terminal, else a line every HUNT_LINE_EVERY
-    (shrinking tries more sequences than `total`: the count goes on past it)."""
-    import sys
+class HuntProgress:
+    """What a hunt shows on stderr, against its bound: a bar per phase on a terminal (searching,
+    then shrinking, each with its end), else a line every HUNT_LINE_EVERY sequences and one when
+    the first failure starts the shrinking; `end` prints the last line in both cases."""
 
-    from ..progress import for_cases
-    p = for_cases(1)
-    draw = p.start(label)
-    count = [0]
+    def __init__(self, label: str, stream=None, tty: bool | None = None):
+        self.label = label
+        self.p = for_cases(2, stream=stream, tty=tty)
+        self.stream = self.p.stream
+        self.draw = self.p.start(f"{label} searching")
+        self.shrinking = False
 
-    def tried():
-        count[0] += 1
-        if draw is not None:
-            draw(min(count[0], total), total)
-        elif count[0] % HUNT_LINE_EVERY == 0:
-            print(f"repro: {label}: {count[0]} sequences tried ({total} to search, then shrinking)",
-                  file=sys.stderr, flush=True)
-    tried.clear = p.clear
-    return tried
+    def _line(self, text: str) -> None:
+        self.p.clear()
+        self.stream.write(f"repro: {self.label}: {text}\n")
+        self.stream.flush()
+
+    def __call__(self, b: Budget) -> None:
+        if b.phase == "shrinking" and not self.shrinking:
+            self.shrinking = True
+            self._line(f"found at sequence {b.found_at}; shrinking with at most {b.total - b.spent} more")
+            self.draw = self.p.start(f"{self.label} shrinking")
+        if self.draw is not None:
+            start = b.found_at if self.shrinking else 0
+            self.draw(b.spent - start, b.total - start)
+        elif b.spent % HUNT_LINE_EVERY == 0:
+            self._line(f"{b.spent} sequences run of at most {b.total} ({b.phase})")
+
+    def end(self, b: Budget | None) -> None:
+        if b is None:
+            self.p.clear()
+            return
+        if self.shrinking:
+            why = "the bound is reached" if b.spent >= b.total else "no smaller sequence fails"
+            self._line(f"shrinking: done ({why}), {b.spent} sequences run of at most {b.total}")
+        else:
+            self._line(f"searching: done, nothing found in {b.spent} sequences run of at most {b.total}")
 
 
 def hunt_command(o: HuntConfig) -> int:
@@ -246,50 +304,54 @@ def hunt_command(o: HuntConfig) -> int:
     print a replay line that keeps every option the run needs; with `report`, write a report of
     what was found. Returns the exit code: 1 when something was found (or a failure did not
     repeat on the same sequence), else 0."""
-    report = check_report_dir(o.report, o.force, "--report") if o.report else None
     try:
         rc, doc = _hunt(o)
     except FlakyHunt as e:
         print(f"repro: {e}", file=sys.stderr)
         return 1
-    if report and doc is not None:
-        write_report(doc, report, command=o.command, layer=o.layer, sentinel=o.sentinel, force=o.force,
+    if o.report and doc is not None:
+        write_report(doc, o.report, command=o.command, layer=o.layer, sentinel=o.sentinel, force=o.force,
                      what="--report")
-        print(f"report: {report}/REPORT.md")
+        emit(f"report: {o.report}/REPORT.md")
     return rc
 
 
-def _hunt(o: HuntConfig) -> tuple[int, dict | None]:
-    from ..knobs import hazards as hz
-    from ..graphs import make_provider
-    from ..islands import Model, check_island
-    from ..job.cases import Case, run_case
-    from ..capture.piece import DEFAULT_SIZES
-
+def _check(o: HuntConfig) -> tuple[str, Path]:
+    """Everything refused before any work: the knobs, the island, the options, the outputs.
+    Returns the mode and the save path."""
+    check_knobs(o.hazards, o.repairs)
+    for what, names, table in (("hazard", o.hazards, hz.HAZARDS), ("repair", o.repairs, hz.REPAIRS)):
+        unknown = [n for n in names if n not in table]
+        if unknown:
+            raise BadInput(f"unknown {what} {unknown[0]!r} (known: {', '.join(table)})")
     check_island(o.island if o.island != "chain" else "submod0")
     if o.island == "forced_comm":
         raise BadInput("hunt does not search forced_comm (it runs on several ranks): use "
                        "`repro run --island forced_comm --tp N`")
+    if o.force and not o.report:
+        raise BadInput("--force: only with --report (it lets a report replace what repro wrote in DIR before)")
     mode = o.mode or default_mode(o.hazards)
     save = save_path(o, mode)
     if not o.save:
         save.parent.mkdir(parents=True, exist_ok=True)  # the cache's own folder for saved hunts
     check_output_file(save, "--save")
     check_output_file(o.json, "--json")
+    if o.report:
+        check_report_dir(o.report, o.force, "--report")
+    return mode, save
+
+
+def _hunt(o: HuntConfig) -> tuple[int, dict | None]:
+    mode, save = _check(o)
     provider = make_provider(o.device)
     hz.check(o.hazards, o.repairs, mode, provider.supports_streams, o.island)
     checkpoint = Path(o.model) if o.model else default_checkpoint(o.cache)
     model = Model(checkpoint, provider.device, o.layer, island="moe" if o.island == "moe" else "submod0")
     case = Case(o.island, mode, tuple(o.hazards), tuple(o.repairs))
 
-    tried = progress_of_hunt(f"hunt {o.island} {mode} {','.join(o.hazards) or 'baseline'}",
-                             example_count(o.max_examples, o.profile))
-
     def check(seq):
-        tried()
         r = run_case(model, provider, case, seq, sentinel=o.sentinel)
         if r.diverged:
-            from ..lockstep.lockstep import Divergence
             fd = r.first_divergence
             return Divergence(fd["step"], fd["island"], fd["tensor"], fd["row"], fd["request"], fd["slot"],
                               fd["max_abs"], fd.get("context", {}))
@@ -297,14 +359,20 @@ def _hunt(o: HuntConfig) -> tuple[int, dict | None]:
             return _Found(r.findings[0])
         return None
 
-    space = space_for(DEFAULT_SIZES)
+    progress = HuntProgress(f"hunt {o.island} {mode} {','.join(o.hazards) or 'baseline'}")
+    seen: list = []
+
+    def shown(b: Budget) -> None:
+        seen[:] = [b]
+        progress(b)
     try:
-        seq, div = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, cache=o.cache, **space)
+        seq, div = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, cache=o.cache, progress=shown,
+                        **space_for(DEFAULT_SIZES))
     finally:
-        tried.clear()
+        progress.end(seen[0] if seen else None)
     what = f"{', '.join(o.hazards) or 'baseline'}, {o.island}, {mode}"
     if seq is None:
-        print(f"nothing found ({what})")
+        emit(f"nothing found ({what})")
         return 0, None
     eff = kernel_sentinel(o.hazards, o.sentinel)
     minimal = {"requests": [dataclasses.asdict(r) for r in seq.requests], "num_slots": seq.num_slots,
@@ -312,17 +380,15 @@ def _hunt(o: HuntConfig) -> tuple[int, dict | None]:
                "steps": [b.to_json() for b in seq.batches(None if eff == 0 else range(seq.num_slots))]}
     minimal = cut_after(minimal, div.step)
     result = run_case(model, provider, case, Sequence.from_json(minimal), sentinel=o.sentinel)
-    import torch
     doc = {"device": str(provider.device), "graph_provider": provider.name, "checkpoint": str(checkpoint),
            "torch": torch.__version__, "kernel_sentinel": eff, "minimal_sequence": minimal,
            "results": [result.to_json()], "command": replay_line(o, mode, save)}
     write_json(save, doc, "--save")
     if o.json:
         write_json(o.json, doc)
-    print(json.dumps(minimal, indent=None))
-    print(f"first {'divergence' if div.step is not None else 'finding'}: {div.line()}")
-    print(f"{len(seq.requests)} requests, {len(minimal['steps'])} steps; saved to {save}")
-    print(f"replay: {replay_line(o, mode, save)}")
+    emit(json.dumps(minimal, indent=None))
+    emit(f"first {'divergence' if div.step is not None else 'finding'}: {div.line()}")
+    emit(f"{len(seq.requests)} requests, {len(minimal['steps'])} steps; saved to {save}")
+    emit(f"replay: {replay_line(o, mode, save)}")
     print(f"hunt ({what}) found: {div.line()}", file=sys.stderr)
-    sys.stdout.flush()
     return 1, doc
