@@ -7,6 +7,7 @@ are read here (`environ.py`), and each command makes one library call with its c
 library modules are imported inside the functions that need them, so `repro --help` stays fast."""
 from __future__ import annotations
 
+import os
 import sys
 
 from ..errors import BadInput
@@ -71,6 +72,10 @@ def main(argv=None) -> int:
         raise
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # a print that did not go through `io.emit`: the reader left, and so do we
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # what a shell shows for a process ended by SIGPIPE
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from kernels import registry
 from .. import comm
 from ..errors import BadInput
 from ..graphs import make_provider
-from ..io import check_output_file, streamed, write_json
+from ..io import check_output_file, emit, streamed, write_json
 from ..islands import Model, check_island
 from ..knobs import hazards as hz
 from ..model.tiny import default_checkpoint
@@ -140,7 +140,7 @@ def run_command(c: RunConfig) -> int:
                 progress.finish(verdict(r))
         finally:
             progress.clear()
-    print(format_table(results))
+    emit(format_table(results))
     lines = [f"{len(results)} runs, {len(seq.batches())} steps each at most, {time.perf_counter() - t0:.1f} s, "
              f"provider {provider.name} on {device_name(provider)} (replay speed: `repro bench`)"]
     used = [(v, k, r) for r in results for k, v in r.bound_usage.items()]
@@ -149,7 +149,7 @@ def run_command(c: RunConfig) -> int:
         lines.append(f"against the third copy, rounding used at most {v:.3g} of its bound ({k}, {r.case.island} "
                      f"{r.case.mode}{' ' + ','.join(r.case.hazards) if r.case.hazards else ''}); per tensor: --json")
     for line in lines:  # the table's width
-        print("\n".join(textwrap.wrap(line, WIDTH, break_long_words=False, break_on_hyphens=False)))
+        emit("\n".join(textwrap.wrap(line, WIDTH, break_long_words=False, break_on_hyphens=False)))
     doc = {"command": c.command, "device": device_name(provider), "graph_provider": provider.name,
            "torch": torch.__version__, "checkpoint": str(path), "seed": None if c.sequence else c.seed or 0,
            "sentinel": c.sentinel, "layer": model.layer, "kernels": {op: registry.selected(op) for op in registry.ops()},
@@ -159,7 +159,7 @@ def run_command(c: RunConfig) -> int:
     if report:
         write_report(doc, report, command=c.command, layer=c.layer, sentinel=c.sentinel, force=c.force,
                      what="--report")
-        print(f"report: {report}/REPORT.md")
+        emit(f"report: {report}/REPORT.md")
     explicit = bool(c.hazards)
     for r in results:
         v = verdict(r)
@@ -177,7 +177,7 @@ def _forced_comm(c: RunConfig) -> int:
                                seed=c.seed or 0,
                                layer=c.layer or 0, timeout=600.0, batches=batches, kill_rank=c.kill,
                                backend=c.comm_backend)
-    print(comm.format_table(res))
+    emit(comm.format_table(res))
     for r in res["results"]:
         if r["verdict"] in ("DIVERGED", "MISSED") or (c.hazards and r["diverged"]):
             print(f"repro: forced_comm {','.join(r['hazards']) or 'baseline'}: {r['verdict']}", file=sys.stderr)

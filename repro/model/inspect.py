@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..io import emit
 from .checkpoint import Checkpoint, QTensor
 from .config import GDN
 from .quant import BF16, W8A8_INT8
@@ -51,6 +53,7 @@ def inspect(path: str | Path) -> dict:
     head_mods, counts = _modules(ck, head_specs)
     for k, v in counts.items():
         totals[k] += v
+    problems = ck.check_all()  # reads every float tensor; what loads but looks wrong goes to stats.flags
     head_names = [n for s in head_specs.values() for n in ((s.name,) if not isinstance(s, QTensor) else s.names())]
     return {
         "path": str(ck.path),
@@ -69,7 +72,8 @@ def inspect(path: str | Path) -> dict:
         "layers": layers,
         "head": {"bytes": sum(ck.info(n).nbytes for n in head_names if ck.has(n)), "modules": head_mods,
                  "tied": "lm_head" not in head_specs},
-        "problems": ck.check_all(),
+        "problems": problems,
+        "warnings": list(ck.stats.flags),  # loadable but suspicious (zero scales), as `repro run` warns
     }
 
 
@@ -108,11 +112,8 @@ def format_inspect(d: dict) -> str:
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5])
     lines.append("")
-    if d["problems"]:
-        lines.append(f"problems ({len(d['problems'])}):")
-        lines += [f"  - {p}" for p in d["problems"]]
-    else:
-        lines.append("problems: none")
+    n, w = len(d["problems"]), len(d.get("warnings", []))
+    lines.append(f"problems: {n or 'none'}" + (f", warnings: {w}" if w else "") + (" (on stderr)" if n or w else ""))
     return "\n".join(lines)
 
 
@@ -125,7 +126,12 @@ class InspectConfig:
 
 
 def inspect_command(c: InspectConfig) -> int:
-    """`repro inspect`: print the description; 2 when the checkpoint has problems."""
+    """`repro inspect`: each problem and warning on stderr, worded as `repro run` words it, then
+    the description on stdout; 2 when the checkpoint has problems (what `repro run` refuses)."""
     d = inspect(c.model)
-    print(json.dumps(d, indent=2) if c.json else format_inspect(d))
-    return 2 if d.get("problems") else 0
+    for p in d["problems"]:
+        print(f"repro: error: {p}", file=sys.stderr)
+    for w in d["warnings"]:
+        print(f"repro: warning: {c.model}: {w}", file=sys.stderr)
+    emit(json.dumps(d, indent=2) if c.json else format_inspect(d))
+    return 2 if d["problems"] else 0

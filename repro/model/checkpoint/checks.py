@@ -1,6 +1,8 @@
 """Validation of a checkpoint against its quantization_config: dtypes and shapes from the headers,
-and the zero points' values (W8A8 INT8 here is symmetric). `check_all` collects every problem
-instead of stopping at the first, for `repro inspect`.
+the zero points' values (W8A8 INT8 here is symmetric), and every float tensor's values through
+the reader `repro run` loads with (non-finite values and negative scales refused, zero scales
+flagged in `stats.flags`). `check_all` collects every problem instead of stopping at the first,
+for `repro inspect`, so inspect and run agree on a damaged checkpoint.
 """
 from __future__ import annotations
 
@@ -68,8 +70,16 @@ class _Checks:
                     f"{int(zp.reshape(-1)[i])}); W8A8 INT8 here is symmetric, zero points must be 0")
         return W8A8_INT8
 
+    def _check_values(self, rd: _Reader, names) -> None:
+        """The value checks `repro run` makes when it loads (`_Reader.read`), on every float
+        tensor among `names` (int8 weights hold no value that can be wrong)."""
+        for name in names:
+            if self.has(name) and self.info(name).dtype in _FLOATS:
+                rd.read(name)
+
     def check_all(self) -> list[str]:
-        """Validate every tensor of every layer and the head; returns the problems found (data not kept)."""
+        """Validate every tensor of every layer and the head; returns the problems found (data not
+        kept; loadable but suspicious values, such as zero scales, are in `stats.flags`)."""
         problems: list[str] = []
         expected: set[str] = set()
         groups = [(f"layer {i}", self.layer_specs(i)) for i in range(self.config.num_hidden_layers)]
@@ -82,9 +92,11 @@ class _Checks:
                         if isinstance(spec, Param):
                             expected.add(spec.name)
                             self._check_param(spec)
+                            self._check_values(rd, [spec.name])
                         else:
                             expected.update(spec.names())
                             sc = self._check_q(rd, spec)
+                            self._check_values(rd, [spec.weight, spec.scale])
                             if key.startswith("mlp.experts."):
                                 expert_schemes.add(sc)
                     except CheckpointError as e:
