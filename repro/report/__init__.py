@@ -29,7 +29,7 @@ from ..errors import BadInput
 from ..io import cache_dir, dumps, install_dir, prepare_output_dir, staging_dir
 from ..model.tiny import DEFAULT_NAME
 from .envtext import environment_text
-from .load import check_result, kernel_sentinel, load_result, pick, recorded_steps, steps_that_ran
+from .load import check_layer, check_result, kernel_sentinel, load_result, pick, recorded_steps, steps_that_ran
 from .markdown import Facts, render_markdown
 from .repairs import RepairRow, repair_rows
 from .kernel import INPUTS as KERNEL_INPUTS
@@ -114,6 +114,7 @@ def write_report(doc: dict, out_dir, *, command: str | None = None, result_path:
                  what: str = "-o", cache=None) -> Path:
     """Write the report directory; returns its path. Nothing in DIR changes unless all is written."""
     check_result(doc)
+    check_layer(doc, layer)
     out = check_output(out_dir, force, what)
     idx = pick(doc, index)
     r = doc["results"][idx]
@@ -172,6 +173,7 @@ def report_command(c: ReportConfig) -> int:
     """`repro report`: the report directory from a result file; says what it wrote."""
     out = check_output(c.output, c.force, "-o")
     doc = load_result(c.result)
+    check_layer(doc, c.layer)
     write_report(doc, out, result_path=str(c.result), index=c.case, layer=c.layer, sentinel=c.sentinel,
                  verify=c.verify, seed=c.seed, weights=c.weights, force=c.force, cache=c.cache)
     print(f"wrote {out}/REPORT.md, env.txt, sequence.json" + (f", {SCRIPT}" if (out / SCRIPT).exists() else "")

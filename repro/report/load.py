@@ -2,26 +2,18 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
-from ..knobs import hazards as hz
 from ..errors import BadInput
+from ..io import read_json
+from ..knobs import hazards as hz
+from ..model.checkpoint import Checkpoint
+from ..model.config import GDN, ConfigError
 
 
 def load_result(path) -> dict:
     """Read and check a result file from `repro run --json` or `repro hunt`; BadInput if unusable."""
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise BadInput(f"result file {path} does not exist") from None
-    except OSError as e:
-        raise BadInput(f"cannot read result file {path}: {e}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadInput(f"result file {path} is not JSON ({e})") from None
+    doc = read_json(path, "result file")
     check_result(doc, str(path))
     return doc
 
@@ -30,6 +22,9 @@ def check_result(doc, name: str = "the result") -> None:
     """One line naming what is wrong, before any work: a report on a damaged file would mislead."""
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list) or not doc["results"]:
         raise BadInput(f"{name} is not a `repro run --json` / `repro hunt` result: it needs a non-empty `results` list")
+    if any(isinstance(r, dict) and (r.get("island") == "forced_comm" or "comm_mode" in r) for r in doc["results"]):
+        raise BadInput(f"{name} is a forced_comm (multi-rank) result: reports cover the single-rank islands only; "
+                       "its rows (ranks_diverged, first_divergence) say what each rank saw")
     for i, r in enumerate(doc["results"]):
         missing = [k for k in ("island", "mode", "hazards", "repairs", "diverged", "first_divergence") if
                    not isinstance(r, dict) or k not in r]
@@ -134,3 +129,25 @@ def recorded_steps(doc: dict) -> int | None:
     """How many steps the hunt's minimal sequence has (what `repro hunt` printed); None for a run."""
     ms = doc.get("minimal_sequence")
     return len(ms.get("steps", [])) if isinstance(ms, dict) else None
+
+
+def check_layer(doc: dict, layer: int | None) -> None:
+    """An explicit `--layer` must be one the result's islands can be built from: the layer the run
+    recorded, if it did, and a layer of the right type in its checkpoint, where that is readable
+    here (a report for another layer would carry a replay line that fails)."""
+    if layer is None:
+        return
+    ran = doc.get("layer")
+    if isinstance(ran, int) and ran != layer:
+        raise BadInput(f"--layer {layer}: the result was run with --layer {ran}")
+    ck = doc.get("checkpoint")
+    if not ck or not Path(ck).is_dir():
+        return
+    cfg = Checkpoint.open(ck).config
+    try:
+        kind = cfg.layer_type(layer)
+    except ConfigError as e:
+        raise BadInput(f"--layer {layer}: {e} ({Path(ck).name})") from None
+    if kind != GDN and any(r["island"] in hz.CHAIN_ISLANDS for r in doc["results"]):
+        gdn = ", ".join(map(str, cfg.gdn_layers()[:8]))
+        raise BadInput(f"--layer {layer}: a {kind} layer, and the result's islands are built from a GDN layer ({gdn})")

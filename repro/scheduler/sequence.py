@@ -3,12 +3,12 @@ preempted; a scheduler turns them into steps (mixed prefill + decode batches) an
 frees and reuses state slots (slot reuse is where stale state bites). Seeded, JSON-able."""
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import asdict, dataclass, field
 
 from ..control.batch import StepBatch
 from ..errors import BadInput
+from ..io import read_json
 from .schema import check_json
 from .scheduler import schedule
 
@@ -48,11 +48,7 @@ class Sequence:
     @classmethod
     def load(cls, path) -> "Sequence":
         """A `--sequence` file: a sequence object, or a `repro hunt` result holding one."""
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise BadInput(f"--sequence {path}: cannot read ({getattr(e, 'strerror', None) or e})") from e
+        d = read_json(path, "--sequence")  # one line for a missing, unreadable, non-JSON or too deep file
         if isinstance(d, dict) and "minimal_sequence" in d:
             d = d["minimal_sequence"]
         return cls.from_json(d, f"--sequence {path}")
