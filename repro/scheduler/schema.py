@@ -20,6 +20,16 @@ def _int(v, src: str, lo: int | None = None, hi: int | None = None, none: bool =
         raise BadInput(f"{src}: {v} is out of range {lo if lo is not None else ''}..{hi if hi is not None else ''}")
 
 
+def _slot(v, src: str, num_slots: int) -> None:
+    """A state slot: an integer that is a slot for one of the two pad sentinels. Which one the
+    run uses is known only when it starts (`Sequence.check_fits`), so the message names both
+    ranges in the words `check_fits` uses for the one it checks."""
+    _int(v, src)
+    if not 0 <= v <= num_slots:
+        raise BadInput(f"{src}: {v} is out of range 1..{num_slots} (pad sentinel 0) and 0..{num_slots - 1} "
+                       f"(pad sentinel -1) for num_slots {num_slots}")
+
+
 def _list(v, src: str) -> list:
     if not isinstance(v, list):
         raise BadInput(f"{src}: expected a list, got {type(v).__name__}")
@@ -47,6 +57,7 @@ def check_json(d, source: str = "sequence") -> None:
     steps = _list(d.get("steps", []), f"{source}: steps")
     if not reqs and not steps:
         raise BadInput(f"{source}: no requests and no steps (nothing to replay)")
+    rids = set()
     for i, r in enumerate(reqs):
         src = f"{source}: requests[{i}]"
         if not isinstance(r, dict):
@@ -58,6 +69,9 @@ def check_json(d, source: str = "sequence") -> None:
             if k not in _REQ:
                 raise BadInput(f"{src}: unknown key {k!r}")
         _int(r["rid"], f"{src}.rid", 0)
+        if r["rid"] in rids:
+            raise BadInput(f"{src}.rid: {r['rid']} is the rid of an earlier request too")
+        rids.add(r["rid"])
         _int(r["prompt_len"], f"{src}.prompt_len", 1, max_tokens)
         _int(r["decode_steps"], f"{src}.decode_steps", 0, 100_000)
         _int(r.get("arrive", 0), f"{src}.arrive", 0, 100_000)
@@ -73,6 +87,8 @@ def check_json(d, source: str = "sequence") -> None:
             if k not in _STEP and k != "live_slots":
                 raise BadInput(f"{src}: unknown key {k!r}")
         _int(s["step"], f"{src}.step", 0)
+        if s["step"] != i:
+            raise BadInput(f"{src}.step: {s['step']}, but it is step {i} of the file (steps are numbered 0, 1, 2, ...)")
         n = len(_list(s["request_ids"], f"{src}.request_ids"))
         if n == 0:
             raise BadInput(f"{src}.request_ids: empty (a step schedules at least one request)")
@@ -81,8 +97,14 @@ def check_json(d, source: str = "sequence") -> None:
                 raise BadInput(f"{src}.{k}: {len(s[k])} entries, but request_ids has {n}")
         for j, v in enumerate(s["request_ids"]):
             _int(v, f"{src}.request_ids[{j}]", 0)
+            if rids and v not in rids:
+                raise BadInput(f"{src}.request_ids[{j}]: request id {v} is not in requests (rids: "
+                               f"{', '.join(map(str, sorted(rids)[:8]))}{', ...' if len(rids) > 8 else ''})")
+        if len(set(s["request_ids"])) != n:
+            dup = next(x for x in s["request_ids"] if s["request_ids"].count(x) > 1)
+            raise BadInput(f"{src}.request_ids: duplicate request id {dup} (a request is scheduled once a step)")
         for j, v in enumerate(s["slots"]):
-            _int(v, f"{src}.slots[{j}]", 0, num_slots)
+            _slot(v, f"{src}.slots[{j}]", num_slots)
         if len(set(s["slots"])) != n:
             raise BadInput(f"{src}.slots: duplicate slot {next(x for x in s['slots'] if s['slots'].count(x) > 1)} "
                            "(two requests of one step cannot share a state slot)")
@@ -99,4 +121,4 @@ def check_json(d, source: str = "sequence") -> None:
         for j, v in enumerate(toks):
             _int(v, f"{src}.token_ids[{j}]", 0, vocab - 1)
         for j, v in enumerate(_list(s.get("live_slots", []), f"{src}.live_slots")):
-            _int(v, f"{src}.live_slots[{j}]", 0, num_slots)
+            _slot(v, f"{src}.live_slots[{j}]", num_slots)
