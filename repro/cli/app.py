@@ -11,6 +11,7 @@ import os
 import sys
 
 from ..errors import BadInput
+from . import environ
 from .parser import parser
 
 # command -> (module of this package, function): imported only when the command runs
@@ -21,11 +22,20 @@ COMMANDS = {"env": ("env", "env"), "make-tiny": ("model", "make_tiny"), "inspect
 
 def _kernels(plugins) -> None:
     """Import this project's `kernels` (refusing another package of that name in one line; a bad
-    $REPRO_KERNELS or $REPRO_PLUGINS is refused there), then the --plugin modules."""
+    $REPRO_KERNELS or $REPRO_PLUGINS is refused there), then the --plugin modules, one at a time
+    so that one calling sys.exit while it is imported is named (a plugin only registers providers;
+    its exit would otherwise end repro with its code and no word)."""
     from ..env import project_kernels
-    kernels = project_kernels()
-    if plugins:
-        kernels.registry.load_plugins(plugins)
+    try:
+        kernels = project_kernels()
+    except SystemExit as e:
+        raise BadInput(f"$REPRO_PLUGINS={environ.plugins()!r}: a module called sys.exit({e.code}) while being "
+                       "imported") from None
+    for name in plugins:
+        try:
+            kernels.registry.load_plugins([name])
+        except SystemExit as e:
+            raise BadInput(f"--plugin {name}: called sys.exit({e.code}) while being imported") from None
 
 
 def _bad_kernels(e: Exception) -> bool:

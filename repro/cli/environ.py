@@ -10,6 +10,7 @@ from ..errors import BadInput
 CACHE_ENV = "REPRO_CACHE"  # the cache directory (default ~/.cache/repro)
 KILL_ENV = "REPRO_FORCED_COMM_KILL"  # rank:step[:hang], a test hook of the forced_comm supervisor
 BACKEND_ENV = "REPRO_COMM_BACKEND"  # gloo | nccl | xccl | ccl: the forced_comm process-group backend
+PLUGINS_ENV = "REPRO_PLUGINS"  # read by `kernels` at import; named here only in an error message
 
 
 def cache(environ=os.environ) -> Path | None:
@@ -35,3 +36,7 @@ def kill(environ=os.environ):
 
 def comm_backend(environ=os.environ) -> str | None:
     return environ.get(BACKEND_ENV) or None
+
+
+def plugins(environ=os.environ) -> str:
+    return environ.get(PLUGINS_ENV, "")

@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from .checkpoint import INDEX_FILE, SINGLE_FILE, interleave_ba, interleave_qkvz
 from .config import GDN, PRESETS, ModelConfig
 from ..errors import BadInput
-from ..io import cache_dir
+from ..io import cache_dir, new_file_mode
 from .quant import quantize_weight, quark_config
 
 QUANTISED = ("production", "experts", "none")
@@ -292,8 +292,10 @@ def make_tiny(dir: str | Path, seed: int = 0, preset: str | ModelConfig = "tiny"
         raise BadInput(f"make_tiny: shards must be an int in 1..{units}, got {shards!r}")
     target = Path(dir)
     try:
-        if target.exists() and (not target.is_dir() or any(target.iterdir())) and not overwrite:
-            raise BadInput(f"{target}: already exists and is not empty (pass overwrite=True to replace it)")
+        if target.exists() and not target.is_dir():
+            raise BadInput(f"{target}: is a file, not a directory (a checkpoint is a directory: give a new one)")
+        if target.exists() and any(target.iterdir()) and not overwrite:
+            raise BadInput(_NOT_EMPTY.format(target))
     except OSError as e:
         raise BadInput(f"{target}: cannot check ({e.strerror or e})") from e
     # held at once: one shard's int8 tensors (about half the bf16 bytes) and one unit's bf16 draws
@@ -339,6 +341,8 @@ def make_tiny(dir: str | Path, seed: int = 0, preset: str | ModelConfig = "tiny"
             (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
         (tmp / DIGEST_FILE).write_text(json.dumps(_digests(tmp), indent=2) + "\n")
+        for f in tmp.iterdir():  # safetensors' writer creates its files 0600
+            os.chmod(f, new_file_mode())
         _publish(tmp, target, overwrite)
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -349,6 +353,9 @@ def make_tiny(dir: str | Path, seed: int = 0, preset: str | ModelConfig = "tiny"
     return target
 
 
+_NOT_EMPTY = "{}: already exists and is not empty; give a new or empty directory (repro does not replace one)"
+
+
 def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
     """Move the finished temp dir into place; an existing non-empty target is kept unless overwrite."""
     try:
@@ -356,7 +363,7 @@ def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
         return
     except OSError:
         if not overwrite:
-            raise BadInput(f"{target}: already exists and is not empty (pass overwrite=True to replace it)")
+            raise BadInput(_NOT_EMPTY.format(target))
     trash = target.parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
     os.replace(target, trash)
     os.replace(tmp, target)
