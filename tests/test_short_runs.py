@@ -135,3 +135,12 @@ def test_every_line_a_run_prints_fits_100_columns(tiny_path, capsys):
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= WIDTH, out
     assert "mutates-input: aten.add_.Tensor writes argument 0" in " ".join(out.split())
+
+
+@pytest.mark.forced_comm
+def test_a_probe_row_says_so_on_the_command_line(tiny_path, capsys):
+    assert main(["run", "--model", tiny_path, "--device", "cpu", "--island", "forced_comm", "--tp", "2",
+                 "--hazard", "comm-graph-then-eager", "--steps", "4"]) == 0
+    out = capsys.readouterr().out
+    row = next(x for x in out.splitlines() if x.startswith("forced_comm"))
+    assert "ok (probe)" in row and "is a probe for an upstream bug" in out
