@@ -1,4 +1,4 @@
-"""`kernels` stands on its own (issue 14 item 4): providers in their op's folder, no import of
+"""`kernels` stands on its own: providers in their op's folder, no import of
 `repro`, its own errors, and a loud failure when another package named `kernels` shadows it."""
 import ast
 import importlib.util

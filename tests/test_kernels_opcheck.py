@@ -26,7 +26,7 @@ def test_opcheck(op, provider, sentinel, device):
 @pytest.mark.parametrize("op", OPS)
 def test_samples_are_built_on_the_device_asked_for(op):
     """Every tensor of every op's sample on the device given (the meta device stands in for a GPU
-    here: a CPU tensor in a GPU sample would fail opcheck there, as in issue 15)."""
+    here: a CPU tensor in a GPU sample would fail opcheck there)."""
     args = sample_args(op, device="meta", seed=1)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     assert tensors and all(t.device.type == "meta" for t in tensors), op

@@ -138,7 +138,8 @@ def test_pad_rows_carry_what_the_pad_option_names(model, pad, want):
     step = lambda slots: StepBatch(list(range(len(slots))), slots, [1] * len(slots), [True] * len(slots),
                                    [5] * len(slots), live_slots=slots)
     for b in (step([1, 2, 3, 4]), step([1, 2])):
-        runner._fill(b, 4, b.on("cpu"))
+        d = b.on("cpu")
+        runner.inputs.fill(b.num_tokens, 4, d.ids, d.token_slots, runner.opts.pad)
     assert runner.token_slot[2:4].tolist() == want
 
 

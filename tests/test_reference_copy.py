@@ -1,4 +1,4 @@
-"""The independent third copy (issue 16.1): faults both copies share, and which copy departed.
+"""The independent third copy: faults both copies share, and which copy departed.
 
 Faults are planted from outside through the public API: a kernel provider both copies use that
 is wrong by the same amount (invisible to eager vs replay), a provider that goes wrong on the

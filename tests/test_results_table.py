@@ -1,5 +1,5 @@
 """What a person reads in the table: no `row None`, findings cut at a word and marked as notes on
-clean rows, and no replay/eager ratio for rows too short to time (issue 18)."""
+clean rows, and no replay/eager ratio for rows too short to time."""
 from repro.check.compare import GRAPH_HAZARD, Divergence
 from repro.job.results import FINDING_WIDTH, MIN_TIMED_STEPS, Case, CaseResult, format_table
 

@@ -1,5 +1,5 @@
-"""The device-side check (issue 19.1, 16.2, 16.3) on the CPU tape: it finds the same first
-divergence as the previous host path for planted hazards, it sees writes into slots no live
+"""The device-side check on the CPU tape: it finds the same first divergence as the
+per-tensor host path for planted hazards, it sees writes into slots no live
 request owns and in-place weight changes at the step they happen, NaN in both copies stays
 equal, and a clean step reads the device once. No timing is asserted."""
 from dataclasses import replace
@@ -44,7 +44,7 @@ def run(model, provider, hazard, mode, check, seq=SEQ):
                                           ("frozen-python-state", "piecewise"), ("escaped-capture", "piecewise")])
 def test_device_check_finds_the_host_paths_first_divergence(setup, hazard, mode):
     """Same step, island, tensor, row and slot as the per-tensor host path, or earlier only where
-    the whole state shows a slot no live request owns (issue 16.3)."""
+    the whole state shows a slot no live request owns."""
     model, provider = setup
     dev, host = run(model, provider, hazard, mode, "device"), run(model, provider, hazard, mode, "host")
     assert dev.divergence is not None and host.divergence is not None
@@ -101,7 +101,7 @@ def test_write_into_a_slot_no_live_request_owns_is_reported_at_that_step(setup, 
 
 
 def test_the_host_path_does_not_see_an_unowned_slot(setup):
-    """Why 16.3 needed the whole state: the previous path compared live and touched slots only."""
+    """Why the device check reads the whole state: the host path compares live and touched slots only."""
     model, provider = setup
     ls = Lockstep(_make(model, SEQ, 0), provider, "full", max_tokens=SEQ.max_tokens, check="host")
     batches = SEQ.batches()

@@ -1,4 +1,4 @@
-"""The lint is complete (issue 16 item 5): whole storages, keyword arguments, any call, a schedule."""
+"""The lint is complete: whole storages, keyword arguments, any call, a schedule."""
 from __future__ import annotations
 
 import pytest

@@ -444,8 +444,8 @@ def test_a_kernel_with_scratch_keeps_tritons_launcher(rig):
 
 
 def test_a_cpu_tensor_never_shares_a_key_with_a_cuda_one():
-    """Cached launches pass addresses, which no longer go through the C launcher's check that a
-    pointer is device memory: the key tells a CPU tensor from a CUDA one."""
+    """Cached launches pass addresses, which skip the C launcher's check that a pointer is
+    device memory: the key tells a CPU tensor from a CUDA one."""
     x = torch.zeros(64)
     cuda_like = _key(x)
     assert cuda_like[0][2] is False  # CPU tensor

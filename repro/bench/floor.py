@@ -14,7 +14,7 @@ def nbytes(t: torch.Tensor | None) -> int:
 
 
 def linear_bytes(lin) -> int:
-    """A `repro.weights.Linear`: its weight and (W8A8) per-channel scale."""
+    """A `repro.model.weights.Linear`: its weight and (W8A8) per-channel scale."""
     return nbytes(lin.weight) + nbytes(lin.scale)
 
 

@@ -1,12 +1,13 @@
 """`repro bench --lockstep-rates`: checked lockstep steps/s per island and Hypothesis examples/s
-on the chosen checkpoint and device (issue 19.3), with the whole-state and weight checks on.
+on the chosen checkpoint and device, with the whole-state and weight checks on.
 
 Per case (the islands of `repro run` at baseline: `chain` piecewise and full, `submod0`,
 `submod1`, `gdn_core`, `moe`): one seeded sequence of `steps` scheduler steps (mixed prefills
 and decodes, up to 8 requests), run through the lockstep as `repro run` runs it, once with the
 device check (`check="device"`: one read per step, every state slot, every weight) and once with
-the previous host path (`check="host"`) for comparison, and once `unchecked`: the two copies alone (eager
-and replay, one synchronisation a step, nothing compared), the floor a check sits on, so what the
+the host path (`check="host"`: per-tensor comparisons on the host) for comparison, and once
+`unchecked`: the two copies alone (eager and replay, one synchronisation a step, nothing
+compared), the floor a check sits on, so what the
 check itself costs is a difference of two rows of one run. Reported: steps/s over the whole run
 (captures included) and in steady state (steps that captured nothing), and where a steady step's
 time goes (`lockstep.Phases`: eager, replay, compare, weights, read, prepare, oracle, in us and
@@ -21,7 +22,7 @@ import time
 
 import torch
 
-TARGET_STEPS_PER_S = 300  # issue 19.4: every island, real dimensions, B <= 8, one H200
+TARGET_STEPS_PER_S = 300  # the target: every island, real dimensions, B <= 8, one H200
 CASES = (("chain", "piecewise"), ("chain", "full"), ("submod0", "piecewise"), ("submod1", "piecewise"),
          ("gdn_core", "full"), ("moe", "piecewise"))
 # "reference": the device check plus the independent third copy at its default cadence for the
@@ -233,10 +234,10 @@ def format_rates(r: dict) -> str:
 
 
 def target_line(r: dict) -> str | None:
-    """Issue 19.4 in one line: which rows of the device check (every output, state slot and weight
+    """The target in one line: which rows of the device check (every output, state slot and weight
     digest compared) reach `TARGET_STEPS_PER_S`, the slowest host, in us a small op, on which the
     one with the most op-times still would (a rough guide: op-times carry across machines only
-    roughly), and the same count with the third copy at its cadence (item 3 measures it; the target
+    roughly), and the same count with the third copy at its cadence (measured alongside; the target
     is the device check's). None without device-check rows. The target is stated for real
     dimensions on one H200: on the CPU tape the line only reads the figures against it."""
     rows = [c for c in r["cases"] if c["check"] == "device" and c.get("op_times")]
@@ -249,7 +250,7 @@ def target_line(r: dict) -> str | None:
         return text + (" (below: " + ", ".join(f"{c['island']} {c['mode']} {_check_name(c)} {c['steady_steps_per_s']}"
                                                for c in below) + ")" if below else "")
     worst = max(rows, key=lambda c: c["op_times"])
-    line = (f"target {TARGET_STEPS_PER_S} checked steps/s (issue 19.4, the device check): {met(rows)}; the most "
+    line = (f"target {TARGET_STEPS_PER_S} checked steps/s (the device check): {met(rows)}; the most "
             f"op-times, {worst['op_times']} ({worst['island']} {worst['mode']}), reach it on hosts up to "
             f"{1e6 / (TARGET_STEPS_PER_S * worst['op_times']):.1f} us a small op")
     third = [c for c in r["cases"] if c["check"] == "reference" and c.get("op_times")]

@@ -28,8 +28,8 @@ flushed (a 256 MiB write), so repeated calls do not read weights from L2 and bea
 
 Timing: warm-up calls, then the median of `iters` samples; CUDA events around each call on CUDA
 (synchronised before it, so host launch time counts, as it does for eager), `perf_counter`
-elsewhere. Nothing here asserts a timing; `targets()` reports the issue's two targets as met or
-not.
+elsewhere. Nothing here asserts a timing; `targets()` reports the two targets for the decode chain
+(replay within 5x of the floor, at least 10x faster than eager) as met or not.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ from .timing import Clock, copy_bandwidth, kernel_profile
 BENCH_ISLANDS = ("submod0", "gdn_core", "submod1", "moe")
 CHOICES = ("all", "chain") + BENCH_ISLANDS
 MODES = ("full", "piecewise")
-# Targets of issue 9: the decode chain at batch 1, `full` mode.
+# The targets: the decode chain at batch 1, `full` mode.
 TARGET_FLOOR_RATIO = 5.0  # replay within 5x of the bandwidth floor
 TARGET_SPEEDUP = 10.0  # replay at least 10x faster than eager
 
@@ -110,7 +110,7 @@ class BenchResult:
 
 
 def targets(rows: list[Row]) -> dict:
-    """Issue 9's targets for the decode chain at batch 1 in `full` mode (None when not measured)."""
+    """The targets for the decode chain at batch 1 in `full` mode (None when not measured)."""
     row = next((r for r in rows if r.island == "chain" and r.mode == "full" and r.batch == 1
                 and r.repair is None), None)
     if row is None:
@@ -127,7 +127,7 @@ def targets(rows: list[Row]) -> dict:
 
 def decode_meta(batch: int, device, sentinel: int = 0):
     """GDN metadata of a pure decode step: request b in slot b (+1 when slot 0 is the null block)."""
-    from ..islands.gdn import GDNMeta
+    from ..control.meta import GDNMeta
     first = 1 if sentinel == 0 else 0
     return GDNMeta(query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
                    state_indices=torch.arange(first, first + batch, dtype=torch.int32, device=device),
@@ -286,9 +286,10 @@ class Bench:
         return rows
 
     def amplifier(self, batch: int, mode: str, step, eager: float) -> Row:
-        """The race amplifier's cost (`race.py`): the runner's step with both stream mechanisms on
-        and correctly ordered (side-stream replay + event-wait, async copy + sync-output-copy),
-        amplified against not; `repair_cost` is their ratio. Tests pay it, serving never does."""
+        """The race amplifier's cost (`repro/capture/race.py`): the runner's step with both stream
+        mechanisms on and correctly ordered (side-stream replay + event-wait, async copy +
+        sync-output-copy), amplified against not; `repair_cost` is their ratio. Tests pay it,
+        serving never does."""
         from ..knobs import hazards as hz
         from ..capture.runner import GraphRunner
         races = [h for h in hz.planted(mode, True) if h.stream]  # the stream hazards of the chain
@@ -305,9 +306,9 @@ class Bench:
 
 
 def applicable_repairs(mode: str, streams: bool) -> list[str]:
-    """Repairs of `hazards.py` that can run at baseline in `mode` on this provider (a repair's
-    cost is what it adds when nothing is wrong). Repairs made in the islands' own code (declaring
-    a mutation, issuing on the capture stream) change nothing at baseline: left out."""
+    """Repairs of `repro/knobs/hazards.py` that can run at baseline in `mode` on this provider (a
+    repair's cost is what it adds when nothing is wrong). Repairs made in the islands' own code
+    (declaring a mutation, issuing on the capture stream) change nothing at baseline: left out."""
     from ..knobs import hazards as hz
     out: list[str] = []
     for h in hz.planted(mode, streams):

@@ -27,7 +27,7 @@ import torch
 from .compare import (BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM, Divergence, compare_outputs,
                       first_row, magnitude, max_abs, nonfinite_side, ordered, row_owner, same, summaries)
 from ..capture.piece import pad_size
-from ..islands.gdn import GDNMeta
+from ..control.meta import GDNMeta
 from .kernelcase import locate
 from ..islands.layer import LayerCopy, collect
 from ..knobs.options import Mode
@@ -313,11 +313,7 @@ class ChainProbe:
 
     def padded_size(self, batch) -> int | None:
         """The row count the replay ran this step at (None: the runner ran it eagerly)."""
-        r = self.runner
-        size = pad_size(batch.num_tokens, r.sizes)
-        if size is None or (r.mode is Mode.FULL and not batch.uniform_decode):
-            return None
-        return size
+        return self.runner.graphable(batch)
 
     def _load(self, state: dict) -> None:
         for k, v in self.copy.cache.tensors().items():

@@ -15,7 +15,7 @@ ISLAND = "forced_comm"
 
 @dataclass(frozen=True)
 class CommCase:
-    """A case of the shared results layer (`repro.results`: island, mode, hazards, repairs,
+    """A case of the shared results layer (`repro.job.results`: island, mode, hazards, repairs,
     expect) whose mode is the replay copy's comm mode, derived from the knobs."""
 
     hazards: tuple[str, ...] = ()
@@ -34,7 +34,7 @@ class CommCase:
     @property
     def expect(self) -> str:
         """What a healthy stack gives. comm-graph-then-eager has no repair: clean on gloo/NCCL, and
-        a divergence is the upstream bug to report (PyTorch 189403 on XPU)."""
+        a divergence is the upstream bug to report (PyTorch #189403 on XPU)."""
         return hz.expectation(self.hazards, self.repairs)
 
     def label(self) -> str:

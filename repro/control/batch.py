@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..islands.gdn import GDNMeta
+from .meta import GDNMeta
 
 
 @dataclass

@@ -9,26 +9,14 @@ next layer's input norm.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
+from ..control.meta import GDNMeta
 from ..model.config import ModelConfig
 from ..model.weights import HeadWeights, LayerWeights
 from .hazard_ops import gated_delta_rule_decode_undeclared
 from .base import Island, linear, ops
-
-
-@dataclass
-class GDNMeta:
-    """One step's GDN metadata: requests in order, decodes first (as vLLM orders them)."""
-
-    query_start_loc: torch.Tensor  # int32 [B+1]
-    state_indices: torch.Tensor  # int32 [B]
-    has_initial_state: torch.Tensor  # bool [B]
-    num_decodes: int  # requests with one token and a state (host ints, as the XPU op takes them)
-    num_tokens: int
 
 
 class StateCache:

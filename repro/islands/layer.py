@@ -11,7 +11,8 @@ import torch
 from ..model.config import ModelConfig
 from ..knobs.options import IslandOptions
 from ..model.weights import HeadWeights, LayerWeights
-from .gdn import CanaryHead, GDNCore, GDNMeta, StateCache, Submod0, Submod1
+from ..control.meta import GDNMeta
+from .gdn import CanaryHead, GDNCore, StateCache, Submod0, Submod1
 from .moe import MoEBlock
 
 
