@@ -24,7 +24,7 @@ from repro.capture.piece import Graph
 from repro.graphs import TapeProvider, make_provider
 from repro.islands import Model
 from repro.job.cases import Case, default_sequence, run_case
-from repro.lockstep.lockstep import Lockstep
+from repro.lockstep import Lockstep
 from repro.knobs.options import HostCopy, Options, RunnerOptions
 from repro.capture.race import device_delay, is_poison, poison_, poison_value
 from repro.capture.race import HostReadback

@@ -17,7 +17,7 @@ from repro.check.compare import CORRUPTION
 from repro.graphs import make_provider
 from repro.islands import Model
 from repro.job.cases import Case, default_sequence, run_case
-from repro.lockstep.lockstep import Lockstep
+from repro.lockstep import Lockstep
 from repro.knobs.options import Options
 from repro.check.reference_copy import ReferenceCopy, default_every, independent_copy
 
@@ -173,7 +173,7 @@ def test_a_weight_change_names_the_op_that_wrote_it_and_is_restored(setup, once)
             div.reason
     else:
         assert "repro.rms_norm.default (op " in div.reason and "wrote" in div.reason, div.reason
-    restored = [n for n, t in ls.stepcheck.weights.items() if not torch.equal(t, ref.pristine(n))]
+    restored = [n for n, t in ls.check.weights.items() if not torch.equal(t, ref.pristine(n))]
     assert restored == [], restored
 
 

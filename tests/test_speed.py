@@ -13,7 +13,8 @@ from repro.check.compare import UNOWNED, WEIGHTS
 from repro.graphs import make_provider
 from repro.islands import Model
 from repro.job.cases import default_sequence
-from repro.lockstep.lockstep import Lockstep, locate, run_lockstep
+from repro.lockstep import Lockstep, run_lockstep
+from repro.lockstep.checks import locate
 from repro.check.stepcheck import StepCheck, digest_words, words
 
 SEQ = default_sequence(seed=0, steps=60)
@@ -31,7 +32,7 @@ def _make(model, seq, sentinel):
 
 
 def run(model, provider, hazard, mode, check, seq=SEQ):
-    """One hazard case as `job.run_case` runs it, with the check chosen."""
+    """One hazard case as `job.cases.run_case` runs it, with the check chosen."""
     opts = hz.options_for((hazard,), ())
     sentinel = opts.sentinel(0)
     batches = seq.batches(None if sentinel == 0 else range(seq.num_slots))
@@ -278,7 +279,7 @@ def test_prepared_inputs_are_each_consumers_own(setup):
 @pytest.mark.parametrize("at", [3, 7])
 def test_the_moe_lockstep_reports_a_weight_write_at_its_step_the_last_one_too(tiny_path, monkeypatch, at):
     """`run_moe_lockstep` reads each step's digest at the next step and the last one at the end."""
-    from repro.lockstep.lockstep import run_moe_lockstep
+    from repro.lockstep import run_moe_lockstep
     from repro.capture.runner import PieceRunner
     provider = make_provider("cpu")
     model = Model(tiny_path, provider.device)  # its own: a weight is changed

@@ -287,7 +287,7 @@ def test_the_runner_recaptures_after_forgetting_every_size(provider, tiny_path, 
     the runner takes a new pool, so the captures succeed and replay still equals eager."""
     from repro.islands import Model
     from repro.job.cases import default_sequence
-    from repro.lockstep.lockstep import Lockstep
+    from repro.lockstep import Lockstep
     from repro.knobs.options import Options
 
     seq = default_sequence(seed=3, steps=12)

@@ -33,13 +33,13 @@ CHECKS = ("device", "host", "reference", "unchecked")
 
 
 def run_checked(model, provider, island: str, mode: str, seq, check: str = "device", every: int | None = None):
-    """One baseline case as `job.run_case` runs it, with the lockstep's check chosen (`every`: the
+    """One baseline case as `job.cases.run_case` runs it, with the lockstep's check chosen (`every`: the
     third copy's cadence for check "reference"; None: the device's default)."""
     from dataclasses import replace
 
     from ..knobs import hazards as hz
     from ..job.cases import ISLAND_MODES
-    from ..lockstep.lockstep import run_lockstep, run_moe_lockstep
+    from ..lockstep import run_lockstep, run_moe_lockstep
     from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
     if island == "moe":  # the moe island has no third copy: its "reference" row is the device check
         if check == "unchecked":
@@ -67,7 +67,7 @@ def run_unchecked(provider, batches, make_copy=None, mode="piecewise", opts=None
     model, for the moe island), the next step prepared, one synchronisation. No comparison, no state
     snapshot for the oracle, no weight digest: the floor of a checked step on this machine. Timed by
     the same `Phases` (eager, replay; prepare and read on the host)."""
-    from ..lockstep.lockstep import Lockstep, LockstepResult, Phases, moe_copies
+    from ..lockstep import Lockstep, LockstepResult, Phases, moe_copies
     if moe is not None:
         eager_island, runner = moe_copies(moe, provider, batches)
         ph = Phases(provider.device)
@@ -295,7 +295,7 @@ def _tiny_rates(steps: int, examples: int, seed: int) -> dict:
         r = run_case(model, provider, Case("chain", "piecewise"), s)
         if not r.diverged:
             return None
-        from ..lockstep.lockstep import Divergence
+        from ..check.compare import Divergence
         fd = r.first_divergence
         return Divergence(fd["step"], fd["island"], fd["tensor"], fd["row"], fd["request"], fd["slot"], fd["max_abs"])
 

@@ -35,8 +35,11 @@ def digest(t) -> str:
     return hashlib.sha1(json.dumps(t, sort_keys=True).encode()).hexdigest()[:12]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Divergence:
+    """Where two copies first differ, and (once classified) what kind of difference it is. Frozen:
+    compare makes it, the oracle classifies it and the lockstep annotates it, each with `replace`."""
+
     step: int
     island: str
     tensor: str

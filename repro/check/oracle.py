@@ -22,6 +22,8 @@ the kernel's own noise), so later steps are judged afresh and planted hazards st
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .compare import (BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM, Divergence, compare_outputs,
@@ -265,38 +267,31 @@ def decide(batch, div: Divergence, eager: dict, replay: dict, exact: tuple, padd
     if noise:
         bad = corruption(batch, eager, replay, ("eager", "replay"), noise, logits)
         if bad is not None:
-            bad.reason += "; the kernel is also nondeterministic on identical inputs"
-            return bad
+            return replace(bad, reason=bad.reason + "; the kernel is also nondeterministic on identical inputs")
         worst = max(noise, key=noise.get)
-        div.kind, div.reason = NONDETERMINISM, (f"the same eager call on identical inputs differs "
-                                                f"(first in {worst}, by up to {noise[worst]:.3g})")
-        return div
+        return replace(div, kind=NONDETERMINISM, reason=f"the same eager call on identical inputs differs "
+                                                        f"(first in {worst}, by up to {noise[worst]:.3g})")
     hz = compare_outputs(batch, ref, replay, ("padded eager", "replay"))
     if hz is not None:
-        div.kind = GRAPH_HAZARD
         shape = f"padded to {size} rows" if padded is not None else "at the same shape"
-        div.reason = (f"replay differs from an eager run {shape} on the same inputs, first in "
-                      f"{hz.island}.{hz.tensor} (|d| {hz.max_abs:.3g})")
-        if hz.nonfinite is not None:
-            div.nonfinite = hz.nonfinite
-        return div
+        return replace(div, kind=GRAPH_HAZARD, nonfinite=hz.nonfinite if hz.nonfinite is not None else div.nonfinite,
+                       reason=f"replay differs from an eager run {shape} on the same inputs, first in "
+                              f"{hz.island}.{hz.tensor} (|d| {hz.max_abs:.3g})")
     ties = router_ties(eager, replay, routing) if padded is not None else {}
     bad = corruption(batch, eager, excuse_rows(replay, eager, ties), ("eager", "replay"), logits=logits)
     if bad is not None:
-        bad.reason += f"; replay equals the eager run padded to {size} rows"
-        return bad
+        return replace(bad, reason=bad.reason + f"; replay equals the eager run padded to {size} rows")
+    lim = bound(f"{div.island}.{div.tensor}", eager[f"{div.island}.{div.tensor}"])
     if size == batch.num_tokens:  # no pad rows: two runs of one shape differ, so the kernel varies by call
-        div.kind, div.bound = NONDETERMINISM, bound(f"{div.island}.{div.tensor}", eager[f"{div.island}.{div.tensor}"])
-        div.reason = (f"replay equals an eager run at the same {size} rows bit for bit, and another eager run of "
-                      f"that shape differs within {ULPS['default']} bf16 ulps: the kernel varies from call to call")
-        return div
-    div.kind, div.bound = BATCH_VARIANCE, bound(f"{div.island}.{div.tensor}", eager[f"{div.island}.{div.tensor}"])
-    div.reason = (f"replay equals an eager run padded to {size} rows bit for bit; the exact-shape eager "
-                  f"run rounds differently, within {ULPS['default']} bf16 ulps of each tensor's magnitude")
+        return replace(div, kind=NONDETERMINISM, bound=lim,
+                       reason=f"replay equals an eager run at the same {size} rows bit for bit, and another eager "
+                              f"run of that shape differs within {ULPS['default']} bf16 ulps: the kernel varies "
+                              "from call to call")
+    reason = (f"replay equals an eager run padded to {size} rows bit for bit; the exact-shape eager "
+              f"run rounds differently, within {ULPS['default']} bf16 ulps of each tensor's magnitude")
     if ties:
-        div.reason += (f", except {len(ties)} row(s) whose MoE expert flipped between the two shapes: "
-                       f"{ties[min(ties)]}")
-    return div
+        reason += f", except {len(ties)} row(s) whose MoE expert flipped between the two shapes: {ties[min(ties)]}"
+    return replace(div, kind=BATCH_VARIANCE, bound=lim, reason=reason)
 
 
 # ---- the probe copy --------------------------------------------------------------------------

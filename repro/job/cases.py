@@ -10,7 +10,7 @@ from ..knobs import hazards as hz
 from ..capture.piece import DEFAULT_SIZES
 from ..errors import BadInput
 from ..islands import Model
-from ..lockstep.lockstep import run_lockstep
+from ..lockstep import run_lockstep, run_moe_lockstep
 from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
 from .results import Case, CaseResult
 from ..scheduler.sequence import Sequence, random_sequence
@@ -66,7 +66,6 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
         opts = replace(opts, runner=replace(opts.runner, eager_families=families))
     copy_sentinel = opts.sentinel(sentinel)  # a hazard may give the kernels another sentinel
     if case.island == "moe":
-        from ..lockstep.lockstep import run_moe_lockstep
         res = run_moe_lockstep(model, provider, seq.batches(), sizes=sizes)
     else:
         usable = None if copy_sentinel == 0 else range(seq.num_slots)

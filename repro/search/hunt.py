@@ -264,7 +264,7 @@ def hunt_cli(o: HuntOptions) -> tuple[int, dict | None]:
         tried()
         r = run_case(model, provider, case, seq, sentinel=o.sentinel)
         if r.diverged:
-            from ..lockstep.lockstep import Divergence
+            from ..check.compare import Divergence
             fd = r.first_divergence
             return Divergence(fd["step"], fd["island"], fd["tensor"], fd["row"], fd["request"], fd["slot"],
                               fd["max_abs"], fd.get("context", {}))

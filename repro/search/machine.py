@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from ..control.batch import StepBatch
 from ..knobs.hazards import options_for
 from ..capture.piece import DEFAULT_SIZES
-from ..lockstep.lockstep import Lockstep
+from ..lockstep import Lockstep
 from ..scheduler.scheduler import _token
 
 MAX_TOKENS = 8
