@@ -67,7 +67,7 @@ def test_a_flaky_failure_is_one_exception_not_a_traceback(tmp_path, monkeypatch)
 
 
 def test_the_search_space_reaches_the_largest_captured_size():
-    from repro.capture.piece import DEFAULT_SIZES
+    from repro.control.dispatch import DEFAULT_SIZES
     space = H.space_for(DEFAULT_SIZES)
     top = max(DEFAULT_SIZES)
     assert space["num_slots"] >= top and space["max_requests"] >= top and space["max_tokens"] >= top

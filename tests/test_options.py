@@ -11,7 +11,8 @@ import torch
 
 from repro.knobs import hazards as hz
 from repro.control.batch import StepBatch
-from repro.capture.piece import IslandRunner, Piece, pad_size
+from repro.capture.piece import IslandRunner, Piece
+from repro.control.dispatch import pad_size
 from repro.graphs import make_provider
 from repro.islands import Model
 from repro.knobs.options import CommOptions, IslandOptions, Options, Pad, RunnerOptions

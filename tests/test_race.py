@@ -26,7 +26,8 @@ from repro.islands import Model
 from repro.job.cases import Case, default_sequence, run_case
 from repro.lockstep import Lockstep
 from repro.knobs.options import HostCopy, Options, RunnerOptions
-from repro.capture.race import device_delay, is_poison, poison_, poison_value
+from repro.capture.race import device_delay
+from repro.graphs.poison import is_poison, poison_, poison_value
 from repro.capture.race import HostReadback
 from repro.capture.runner import GraphRunner
 
@@ -269,7 +270,8 @@ def test_the_side_stream_race_log_counts_poisoned_steps_and_the_first(model):
 
 
 def _slice(tiny_path, clone_input, amplify):
-    from repro.islands.forced_comm import ForcedComm, SliceRunner, load_slice
+    from repro.capture.slice import SliceRunner
+    from repro.islands.forced_comm import ForcedComm, load_slice
     w = load_slice(tiny_path, 0, 0, 1, "cpu")
     eager = ForcedComm(w, mode="in-graph")
     replay = ForcedComm(w, mode="registered", clone_input=clone_input, amplify=amplify)

@@ -346,7 +346,7 @@ def test_an_expert_flip_between_the_eager_and_the_padded_shape_is_batch_variance
     is batch variance (the replay equals the padded eager run bit for bit), named as an expert flip;
     without the MoE inputs it would be corruption."""
     from repro.check.compare import BATCH_VARIANCE
-    from repro.check.oracle import ChainProbe
+    from repro.check.probe import ChainProbe
     provider = make_provider("cpu")
     model = _tied_router_model(tiny_path, provider)
     seq = default_sequence(seed=4, steps=24)

@@ -19,8 +19,21 @@ asserts a timing.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
+
+from ..check.compare import Divergence
+from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
+from ..graphs import TapeProvider
+from ..islands import Model, Runs, kind
+from ..job.cases import Case, default_sequence, run_case
+from ..job.results import device_name
+from ..knobs import hazards as hz
+from ..knobs.options import MODES
+from ..lockstep import Lockstep, LockstepResult, Phases, moe_copies, run_lockstep, run_moe_lockstep
+from ..model.tiny import default_checkpoint
+from ..search.hunt import hunt
 
 TARGET_STEPS_PER_S = 300  # the target: every island, real dimensions, B <= 8, one H200
 CASES = (("chain", "piecewise"), ("chain", "full"), ("submod0", "piecewise"), ("submod1", "piecewise"),
@@ -35,13 +48,7 @@ CHECKS = ("device", "host", "reference", "unchecked")
 def run_checked(model, provider, island: str, mode: str, seq, check: str = "device", every: int | None = None):
     """One baseline case as `job.cases.run_case` runs it, with the lockstep's check chosen (`every`: the
     third copy's cadence for check "reference"; None: the device's default)."""
-    from dataclasses import replace
-
-    from ..knobs import hazards as hz
-    from ..job.cases import ISLAND_MODES
-    from ..lockstep import run_lockstep, run_moe_lockstep
-    from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
-    if island == "moe":  # the moe island has no third copy: its "reference" row is the device check
+    if kind(island).runs is Runs.ALONE:  # the moe island has no third copy: its "reference" row is the device check
         if check == "unchecked":
             return run_unchecked(provider, seq.batches(), moe=model)
         return run_moe_lockstep(model, provider, seq.batches(), check="host" if check == "host" else "device")
@@ -51,9 +58,7 @@ def run_checked(model, provider, island: str, mode: str, seq, check: str = "devi
                             default_every(provider.device) if every is None else every)
         check = "device"
     opts = hz.options_for((), ())
-    if island in ISLAND_MODES:
-        opts = replace(opts, runner=replace(opts.runner,
-                                            eager_families=opts.runner.eager_families | ISLAND_MODES[island][1]))
+    opts = replace(opts, runner=replace(opts.runner, eager_families=opts.runner.eager_families | kind(island).eager))
     make = lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=0)
     if check == "unchecked":
         return run_unchecked(provider, seq.batches(), make, mode, opts, seq.max_tokens)
@@ -67,7 +72,6 @@ def run_unchecked(provider, batches, make_copy=None, mode="piecewise", opts=None
     model, for the moe island), the next step prepared, one synchronisation. No comparison, no state
     snapshot for the oracle, no weight digest: the floor of a checked step on this machine. Timed by
     the same `Phases` (eager, replay; prepare and read on the host)."""
-    from ..lockstep import Lockstep, LockstepResult, Phases, moe_copies
     if moe is not None:
         eager_island, runner = moe_copies(moe, provider, batches)
         ph = Phases(provider.device)
@@ -109,9 +113,6 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
     (an `islands.Model`) and `provider`. `every`: the third copy's cadences, one "reference" row
     each (default: the device's, `reference_copy.default_every`); a row says how many steps the
     third copy ran. The moe island has no third copy: one "reference" row, the device check."""
-    from ..job.cases import default_sequence
-    from ..job.results import device_name
-    from ..check.reference_copy import default_every
     every = tuple(every) if every else (default_every(provider.device),)
     log = log or (lambda s: None)
     seq = default_sequence(seed, steps, vocab=model.cfg.vocab_size)
@@ -172,8 +173,6 @@ def host_us_per_op(device, calls: int = 2000) -> float:
 
 def hunt_rate(model, provider, examples: int) -> dict:
     """Hypothesis examples/s of `repro hunt` (chain piecewise, baseline, the `ci` profile)."""
-    from ..search.hunt import hunt
-    from ..job.cases import Case, run_case
     calls = 0
 
     def check(s):
@@ -270,12 +269,6 @@ def tiny_rates(steps: int = 60, examples: int = 20, seed: int = 0) -> dict:
 
 
 def _tiny_rates(steps: int, examples: int, seed: int) -> dict:
-    from ..knobs.options import MODES
-    from ..graphs import TapeProvider
-    from ..search.hunt import hunt
-    from ..islands import Model
-    from ..job.cases import Case, default_sequence, run_case
-    from ..model.tiny import default_checkpoint
 
     provider = TapeProvider("cpu")
     model = Model(default_checkpoint(), "cpu")
@@ -295,7 +288,6 @@ def _tiny_rates(steps: int, examples: int, seed: int) -> dict:
         r = run_case(model, provider, Case("chain", "piecewise"), s)
         if not r.diverged:
             return None
-        from ..check.compare import Divergence
         fd = r.first_divergence
         return Divergence(fd["step"], fd["island"], fd["tensor"], fd["row"], fd["request"], fd["slot"], fd["max_abs"])
 

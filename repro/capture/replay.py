@@ -15,7 +15,8 @@ import torch
 from ..knobs.options import HostCopy, RunnerOptions
 from .finding import Notes
 from .piece import Graph
-from .race import HostReadback, RaceLog, device_delay, is_poison, poison_
+from ..graphs.poison import is_poison, poison_
+from .race import HostReadback, RaceLog, device_delay
 
 
 class Replayer:

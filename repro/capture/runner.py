@@ -23,7 +23,8 @@ from ..knobs.options import Mode, RunnerOptions
 from .buffers import StaticInputs
 from .chain import Captured, ChainCapture
 from .finding import Finding, Notes
-from .piece import DEFAULT_SIZES, Graph, IslandRunner, OverIslandRunner, pad_size
+from ..control.dispatch import DEFAULT_SIZES, pad_size
+from .piece import Graph, IslandRunner, OverIslandRunner
 from .replay import Replayer
 
 

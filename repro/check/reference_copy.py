@@ -47,6 +47,7 @@ from ..capture.runner import EagerRunner
 from .stepcheck import digest_words
 from .oracle import excuse_rows, router_ties
 from ..model.weights import copy_weights
+from .oracle import corruption
 
 DEVICE_EVERY = 16  # on a GPU the reference kernels cost several eager steps each
 
@@ -113,7 +114,6 @@ def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=N
     `copies_equal`: the caller has seen eager and replay hold the same bits in every tensor
     compared here (the lockstep's clean device check), so the reference is held against one of
     them and the answer is None or `both`, as it would be from two equal judgements."""
-    from .oracle import corruption
     keys = [k for k in ref if k in eager and k in replay]
     ref = {k: ref[k] for k in keys}
     sums = summaries({k: (ref[k], eager[k]) for k in keys})  # read once, for the ties and the bound

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..knobs import hazards as hz
+from ..islands.forced_comm import comm_mode_for
 
 ISLAND = "forced_comm"
 
@@ -28,7 +29,6 @@ class CommCase:
     @property
     def mode(self) -> str:
         """The comm mode (`islands/forced_comm.py`); refuses knobs forced_comm cannot honour."""
-        from ..islands.forced_comm import comm_mode_for
         return comm_mode_for(self.hazards, self.repairs)
 
     @property

@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
-from ..capture.piece import DEFAULT_SIZES
+from ..control.dispatch import DEFAULT_SIZES
 from ..capture.runner import EagerRunner, GraphRunner
 from ..check.compare import (CORRUPTION, KERNEL_FINDINGS, ROUTING_TIE, UNOWNED, WEIGHTS, Divergence, compare_step,
                              digest, max_abs, row_owner)
-from ..check.oracle import ChainProbe, routing_inputs
+from ..check.oracle import routing_inputs
+from ..check.probe import ChainProbe
 from ..check.reference_copy import ReferenceCopy, departed, name_weight_writer
 from ..control.batch import StepBatch
 from ..islands.layer import LayerCopy

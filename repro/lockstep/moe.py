@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import torch
 
-from ..capture.piece import DEFAULT_SIZES
+from ..control.dispatch import DEFAULT_SIZES
 from ..capture.runner import PieceRunner
 from ..check.compare import KERNEL_FINDINGS, compare_outputs
-from ..check.oracle import IslandProbe
+from ..check.probe import IslandProbe
 from ..islands.moe import MoEIsland
 from ..model.weights import island_weights
 from .lockstep import LockstepResult, note_finding, step_context, weight_divergence

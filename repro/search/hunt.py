@@ -242,7 +242,7 @@ def hunt_cli(o: HuntOptions) -> tuple[int, dict | None]:
     from ..graphs import make_provider
     from ..islands import Model, check_island
     from ..job.cases import Case, run_case
-    from ..capture.piece import DEFAULT_SIZES
+    from ..control.dispatch import DEFAULT_SIZES
 
     check_island(o.island if o.island != "chain" else "submod0")
     if o.island == "forced_comm":
