@@ -30,7 +30,7 @@ from ..islands import Model, Runs, kind
 from ..job.cases import Case, default_sequence, run_case
 from ..job.results import device_name
 from ..knobs import hazards as hz
-from ..knobs.options import MODES
+from ..control.modes import DEFAULT_MODES
 from ..lockstep import Lockstep, LockstepResult, Phases, moe_copies, run_lockstep, run_moe_lockstep
 from ..model.tiny import default_checkpoint
 from ..search.hunt import hunt
@@ -274,7 +274,7 @@ def _tiny_rates(steps: int, examples: int, seed: int) -> dict:
     model = Model(default_checkpoint(), "cpu")
     seq = default_sequence(seed, steps, vocab=model.cfg.vocab_size)
     out: dict = {"checkpoint": "tiny (embedded)", "device": "cpu"}
-    for mode in MODES:
+    for mode in DEFAULT_MODES:
         t0 = time.perf_counter()
         r = run_case(model, provider, Case("chain", mode), seq)
         dt = time.perf_counter() - t0

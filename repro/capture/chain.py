@@ -1,8 +1,9 @@
-"""Capturing the decode chain at one size, per mode, the way vLLM captures it.
+"""Capturing the decode chain for one graph key, per runtime mode, the way vLLM captures it.
 
-- `full`: submod0 -> gdn_core -> submod1 as one graph over the persistent buffers (the GDN core's
-  metadata included: a replay reads whatever the buffers hold), outputs held by weak reference.
-- `piecewise`: graph 0 (submod0) and graph 1 (submod1) with the splitting op `gdn_core` eager
+- FULL: submod0 -> gdn_core -> submod1 as one graph over the persistent buffers (the GDN core's
+  metadata included: a replay reads whatever the builder's buffers hold), outputs held by weak
+  reference.
+- PIECEWISE: graph 0 (submod0) and graph 1 (submod1) with the splitting op `gdn_core` eager
   between them; graph 0's outputs are held strongly (they feed the splitting op and graph 1), or
   weakly under `weak_first_output`; an eager family leaves its piece uncaptured.
 
@@ -20,8 +21,11 @@ import torch
 
 from ..graphs.lint import Lint
 from ..islands.gdn import Submod1
+from ..control.dispatch import BatchDescriptor
+from ..control.meta import GDNMeta
+from ..control.modes import Runtime
 from ..islands.layer import LayerCopy
-from ..knobs.options import Mode, RunnerOptions
+from ..knobs.options import RunnerOptions
 from .buffers import StaticInputs
 from .finding import Notes
 from .piece import Piece
@@ -29,9 +33,9 @@ from .piece import Piece
 
 @dataclass
 class Captured:
-    """The chain's graphs at one size: one piece in `full`, two (graph 0, graph 1) in `piecewise`,
-    None where a family runs eagerly."""
-    size: int
+    """The chain's graphs of one key: one piece in FULL, two (graph 0, graph 1) in PIECEWISE, None
+    where a family runs eagerly."""
+    size: int  # the tokens it runs
     pieces: list = field(default_factory=list)  # Graph or None, per piece
     ins1: dict | None = None  # submod1's static inputs when they are not graph 0's outputs
     owned0: dict | None = None  # clone-outputs: runner-owned copies of graph 0's outputs
@@ -45,12 +49,11 @@ def span(t: torch.Tensor) -> tuple[int, int]:
 
 
 class ChainCapture:
-    """Captures one copy's chain (`capture(size, step)`), into `pool()` on `stream`; findings go to
-    `notes`."""
+    """Captures one copy's chain (`capture(runtime, desc, meta, step)`), into `pool()` on `stream`;
+    findings go to `notes`."""
 
-    def __init__(self, copy: LayerCopy, provider, mode: Mode, inputs: StaticInputs, opts, notes: Notes,
-                 pool, stream=None):
-        self.copy, self.provider, self.mode, self.inputs = copy, provider, mode, inputs
+    def __init__(self, copy: LayerCopy, provider, inputs: StaticInputs, opts, notes: Notes, pool, stream=None):
+        self.copy, self.provider, self.inputs = copy, provider, inputs
         self.opts, self.notes, self.pool, self.stream = opts, notes, pool, stream
         self.captures = 0
 
@@ -82,15 +85,16 @@ class ChainCapture:
     def _watch(self) -> dict:
         return {isl.name: isl.watched() for isl in self.copy.islands()}
 
-    def capture(self, size: int, step: int) -> Captured:
-        c = self.copy
+    def capture(self, runtime: Runtime, desc: BatchDescriptor, meta: GDNMeta | None, step: int) -> Captured:
+        """The graphs of key `desc` (`meta`: the capture-time metadata a FULL graph is built over)."""
+        c, size = self.copy, desc.num_tokens
         cap = Captured(size, step=step)
         before = self._watch()
         c.ctx.reads.clear()
         self.captures += 1
         with torch.inference_mode():
-            if self.mode is Mode.FULL:
-                self._full(cap)
+            if runtime is Runtime.FULL:
+                self._full(cap, meta)
             else:
                 self._piecewise(cap)
         after = self._watch()
@@ -100,14 +104,14 @@ class ChainCapture:
                     self.notes.add("python-state", name, f"{name}.{k} was {before[name].get(k)!r}, set to {v!r} "
                                    f"during capture of size {size}: the graph freezes it")
         cap.watched = after
-        if self.mode is Mode.PIECEWISE:
+        if runtime is Runtime.PIECEWISE:
             self._alias_map(cap)
         ctx = c.ctx.values()
         cap.frozen = {k: ctx.get(k) for k in c.ctx.reads}
         return cap
 
-    def _full(self, cap: Captured) -> None:
-        c, ids, meta = self.copy, self.inputs.input_ids[:cap.size], self.inputs.decode_meta(cap.size)
+    def _full(self, cap: Captured, meta: GDNMeta) -> None:
+        c, ids = self.copy, self.inputs.input_ids[:cap.size]
 
         def chain():
             o0, _, o1 = c.chain(ids, meta)

@@ -1,78 +1,113 @@
-"""Eager and graph runners over one copy of a GDN layer's islands, mirroring vLLM's runner.
+"""Eager and graph runners over one copy of a GDN layer's islands, mirroring vLLM's V1 runner
+(`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner`) on one step:
 
-Graph runner, both modes (`docs/DESIGN.md`): capture sizes, pad a batch to the next
-size, persistent input buffers addressed by slicing (one max-size buffer for every step,
-mixed steps included), graphs captured lazily on the first step that needs a size into one
-shared pool, a warm-up run before each capture, outputs of the last piece held by weak
-reference (vLLM's `weak_ref_output`), the splitting op `gdn_core` eager between pieces in
-`piecewise`, and the whole decode chain as one graph in `full` (mixed steps run eagerly, as
-FULL_DECODE_ONLY does). Hazards and repairs change exactly one mechanism each
-(`hazards.py` describes them).
+1. `_update_states`: finished requests leave their rows, new ones take rows (`control.input_batch`);
+2. the uniform-decode decision and the dispatcher (`control.dispatch`) pick the step's runtime mode
+   (NONE, PIECEWISE, FULL) and graph key, padded to a capture size;
+3. the block table is committed and the GDN metadata builder (`control.builder`) builds the step's
+   metadata, staging its persistent buffers where its decode branches say so;
+4. the model runs: a FULL graph replays the whole decode chain over those buffers; PIECEWISE
+   replays graph 0 (submod0) and graph 1 (submod1) with the GDN core eager between them on the
+   step's metadata; NONE runs the chain eagerly at the step's own size.
+
+A dummy step (an idle data-parallel rank, `_dummy_run(1+k, uniform_decode=True)`) dispatches 1+k
+tokens as a uniform decode; only a FULL dummy run builds metadata and touches state (a PIECEWISE or
+eager one runs without GDN metadata, which the layer treats as a warm-up). Graphs are captured
+lazily on the first step that needs a key, into one shared pool, after a warm-up run; outputs of
+the last piece are held by weak reference (vLLM's `weak_ref_output`). Hazards and repairs change
+exactly one mechanism each (`knobs/hazards.py` describes them).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from ..control.batch import StepBatch, StepInputs
+from ..control.builder import Common, GDNMetadataBuilder, common_for
+from ..control.dispatch import DEFAULT_SIZES, BatchDescriptor, Dispatcher, uniform_decode
+from ..control.input_batch import InputBatch
+from ..control.modes import GraphMode, Runtime, parse_mode
+from ..errors import ReplayRefused
 from ..graphs.lint import LintSchedule
 from ..islands.gdn import Submod0, Submod1
 from ..islands.layer import LayerCopy, collect
-from ..knobs.options import Mode, RunnerOptions
+from ..knobs.options import ControlRules, RunnerOptions
 from .buffers import StaticInputs
 from .chain import Captured, ChainCapture
 from .finding import Finding, Notes
-from ..control.dispatch import DEFAULT_SIZES, pad_size
 from .piece import Graph, IslandRunner, OverIslandRunner
 from .replay import Replayer
 
 
-class EagerRunner:
-    """The reference: every island eager, exact shapes, no padding."""
+def block_rows(batch: StepBatch, width: int, null: int) -> np.ndarray:
+    """Each request's state blocks as block-table rows `width` wide (missing columns: `null`)."""
+    rows = np.full((batch.num_reqs, width), null, dtype=np.int32)
+    for i, b in enumerate(batch.block_rows()):
+        rows[i, :min(width, len(b))] = b[:width]
+    return rows
 
-    def __init__(self, copy: LayerCopy):
-        self.copy = copy
+
+class EagerRunner:
+    """The reference: every island eager, exact shapes, no padding, metadata built afresh each step
+    (no persistent buffers: the builder of a runner with no FULL graph never stages)."""
+
+    def __init__(self, copy: LayerCopy, rules: ControlRules = ControlRules()):
+        self.copy, self.k = copy, copy.spec_tokens
+        self.builder = GDNMetadataBuilder(self.k, 1, copy.device, full_graphs=False, pad=None, rules=rules)
+
+    def meta(self, batch: StepBatch):
+        return self.builder.build(common_for(batch, block_rows(batch, 1 + self.k, self.copy.cache.sentinel)))
 
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
+        if batch.dummy:  # no metadata: the GDN layer treats the call as a warm-up, no state changes
+            return {}
         c = self.copy
         c.set_context(batch.num_tokens)
         d = batch.on(c.device)  # from the batch's prepared host buffer: no stream sync
         with torch.inference_mode():
-            o0, core, o1 = c.chain(d.ids, d.meta)
+            o0, core, o1 = c.chain(d.ids, self.meta(batch))
             ids = c.head(hidden=o1["hidden"])["token_ids"]
         return collect(o0, o1, ids, batch.num_tokens, core)
 
 
 class GraphRunner:
-    """The replay copy's runner (module docstring). `opts` (from `hazards.options_for`) says how it
-    pads, holds, copies, pools, replays and reads back; nothing here reads a hazard's name. Its
-    parts: the persistent inputs (`StaticInputs`), the capture of each size (`ChainCapture`) and
-    the replay and host read (`Replayer`)."""
+    """The replay copy's runner (module docstring). `mode`: a vLLM graph mode (`control.modes`,
+    resolved for GDN); `opts` (from `hazards.options_for`) says how it pads, holds, copies, pools,
+    replays and reads back, `rules` how its control path decides; nothing here reads a hazard's
+    name. Its parts: the persistent batch (`InputBatch`), the dispatcher, the metadata builder, the
+    persistent inputs (`StaticInputs`), the capture of each key (`ChainCapture`) and the replay and
+    host read (`Replayer`)."""
 
-    def __init__(self, copy: LayerCopy, provider, mode: str = "piecewise", sizes=DEFAULT_SIZES,
-                 opts: RunnerOptions = RunnerOptions(), max_tokens: int = 64, stream=None):
-        self.copy, self.provider, self.mode = copy, provider, Mode(mode)
-        self.sizes, self.opts = tuple(sorted(sizes)), opts
-        self.sentinel = copy.cache.sentinel
-        self.inputs = StaticInputs(max(max_tokens, max(self.sizes)), copy.device, self.sentinel)
+    def __init__(self, copy: LayerCopy, provider, mode: str | GraphMode = "piecewise", sizes=DEFAULT_SIZES,
+                 opts: RunnerOptions = RunnerOptions(), max_tokens: int = 64, stream=None,
+                 rules: ControlRules = ControlRules(), max_num_seqs: int = 8):
+        self.copy, self.provider, self.opts, self.rules = copy, provider, opts, rules
+        self.mode = mode if isinstance(mode, GraphMode) else parse_mode(mode)
+        self.k, self.sentinel = copy.spec_tokens, copy.cache.sentinel
+        self.dispatcher = Dispatcher(self.mode, sizes, self.k, max_num_seqs)
+        self.sizes = self.dispatcher.sizes
+        top = max(self.sizes, default=1)
+        rows = max(max_num_seqs, top)
+        self.input_batch = InputBatch(rows, 1 + self.k, self.sentinel, rules)
+        self.inputs = StaticInputs(max(max_tokens, top), copy.device, self.sentinel)
+        self.builder = GDNMetadataBuilder(self.k, rows, copy.device, full_graphs=self.mode.has(Runtime.FULL),
+                                          pad=self.inputs.pad_value(opts.pad), rules=rules)
         self.pool = provider.new_pool("shared")
-        self.captured: dict[int, Captured] = {}
+        self.captured: dict[BatchDescriptor, Captured] = {}
         self.notes = Notes()
-        self.capturer = ChainCapture(copy, provider, self.mode, self.inputs, lambda: self.opts, self.notes,
-                                  lambda: self.pool, stream)
+        self.capturer = ChainCapture(copy, provider, self.inputs, lambda: self.opts, self.notes,
+                                     lambda: self.pool, stream)
         self.player = Replayer(provider, lambda: self.opts, self.notes)
         self._lint = LintSchedule(opts.lint_every)  # when the eager splitting op is linted
+        self.last: tuple[Runtime, BatchDescriptor] | None = None  # the last step's dispatch
         for isl in copy.islands():
             isl.escape = provider.escape
 
     @property
     def input_ids(self) -> torch.Tensor:
         return self.inputs.input_ids
-
-    @property
-    def token_slot(self) -> torch.Tensor:
-        return self.inputs.token_slot
 
     @property
     def captures(self) -> int:
@@ -87,58 +122,108 @@ class GraphRunner:
         """What the runner noted, then what the race amplifier forced (read from the device here)."""
         return self.notes.items + self.player.findings()
 
-    def graphable(self, batch: StepBatch) -> int | None:
-        """The captured size this step replays at; None: it runs eagerly (above the largest size,
-        or a step with a prefill in `full` mode, as FULL_DECODE_ONLY runs mixed steps)."""
-        size = pad_size(batch.num_tokens, self.sizes)
-        if size is None:
-            return None
-        if self.mode is Mode.FULL and not batch.uniform_decode:
-            return None
-        return size
+    # ---- the control path -------------------------------------------------------------------
+    def dispatch(self, batch: StepBatch) -> tuple[Runtime, BatchDescriptor]:
+        """The step's runtime mode and graph key (`_determine_batch_execution_and_padding`)."""
+        if batch.dummy:  # `_dummy_run(1+k, uniform_decode=True)`: the uniform flag is forced
+            return self.dispatcher.dispatch(1 + self.k, True)
+        uniform = uniform_decode(self.rules.uniform_decode, batch.query_lens, batch.is_prefilling(), self.k)
+        return self.dispatcher.dispatch(batch.num_tokens, uniform)
 
-    def _ready(self, batch: StepBatch, d: StepInputs) -> Captured | None:
-        """Fill the static buffers, set the forward context and capture this size if needed;
-        None: the step runs eagerly."""
+    def graphable(self, batch: StepBatch) -> int | None:
+        """The token count this step replays at; None: it runs eagerly."""
+        runtime, desc = self.dispatch(batch)
+        return None if runtime is Runtime.NONE else desc.num_tokens
+
+    def _update_states(self, batch: StepBatch) -> None:
+        self.input_batch.update(list(zip(batch.request_ids, batch.block_rows())))
+
+    def _metadata(self, batch: StepBatch, runtime: Runtime, desc: BatchDescriptor):
+        """Commit the block table and build (and, where the builder's rules say, stage) the metadata."""
+        ib = self.input_batch
+        ib.commit(ib.num_rows)
+        rows = ib.rows(batch.request_ids)
+        pad_rows = desc.num_reqs - batch.num_reqs if runtime is Runtime.FULL else 0
+        blocks = np.concatenate((rows, np.full((pad_rows, rows.shape[1]), self.sentinel, dtype=np.int32)))
+        size = desc.num_tokens if runtime is Runtime.FULL else batch.num_tokens
+        return self.builder.build(common_for(batch, blocks, pad_rows, size))
+
+    def _capture_meta(self, desc: BatchDescriptor):
+        """`build_for_cudagraph_capture` over all-zero (null) block-table rows, as at capture."""
+        q = np.full(desc.num_reqs, desc.num_tokens // desc.num_reqs, dtype=np.int32)
+        blocks = np.full((desc.num_reqs, 1 + self.k), self.sentinel, dtype=np.int32)
+        return self.builder.build_for_capture(Common(q, q, q > 0, q - 1, q, blocks, desc.num_tokens))
+
+    # ---- one step ---------------------------------------------------------------------------
+    def _entry(self, runtime: Runtime, desc: BatchDescriptor, step: int) -> Captured:
+        """The graphs of this key, captured now if needed (or again when a forward-context value they
+        froze has changed and `recapture` says so)."""
         c = self.copy
-        size = self.graphable(batch)
-        self.inputs.fill(batch.num_tokens, size or batch.num_tokens, d.ids, d.token_slots, self.opts.pad)
-        c.set_context(batch.num_tokens)
-        if size is None:
-            return None
-        cap = self.captured.get(size)
+        cap = self.captured.get(desc)
         if cap is not None and cap.frozen:
             now = c.ctx.values()
             changed = {k: (v, now.get(k)) for k, v in cap.frozen.items() if now.get(k) != v}
             if changed:
-                self._note_frozen(size, changed)
+                self._note_frozen(desc, changed)
                 if self.opts.recapture:
                     cap = None
         if cap is None:
-            cap = self.captured[size] = self.capturer.capture(size, batch.step)
+            meta = self._capture_meta(desc) if runtime is Runtime.FULL else None
+            cap = self.captured[desc] = self.capturer.capture(runtime, desc, meta, step)
         return cap
 
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
         c = self.copy
+        self._update_states(batch)
+        runtime, desc = self.last = self.dispatch(batch)
+        if batch.dummy:
+            self._dummy_run(runtime, desc, batch.step)
+            return {}
+        if runtime is Runtime.FULL and self.rules.assert_full_past_prompt and any(batch.is_prefilling()):
+            raise ReplayRefused(f"step {batch.step}: a FULL graph ({desc}) was dispatched for a batch with a request "
+                                "still in its prompt (the replay-side assertion)")
         d = batch.on(c.device)  # this copy's own inputs, one copy from the batch's host buffer
-        cap = self._ready(batch, d)
-        if cap is None:
-            return self._eager_step(batch, d)
         n = batch.num_tokens
+        size = desc.num_tokens if runtime is not Runtime.NONE else n
+        self.inputs.fill(n, size, d.ids, self.opts.pad)
+        c.set_context(n)
+        cap = self._entry(runtime, desc, batch.step) if runtime is not Runtime.NONE else None
+        meta = self._metadata(batch, runtime, desc)
+        if cap is None:
+            return self._eager_step(batch, meta)
         self.player.begin_step()
         with torch.inference_mode():
-            if self.mode is Mode.FULL:
+            if runtime is Runtime.FULL:
                 o = self.player.replay(cap.pieces[0])
                 held = {k: o[k] for k in Submod0.outputs}
                 o1 = {k: o[k] for k in Submod1.outputs}
                 fresh = None
             else:
-                held, fresh, o1 = self._step_piecewise(cap, batch, d)
+                held, fresh, o1 = self._step_piecewise(cap, batch, meta)
             o1 = self.player.read(o1, batch.step)
             ids = c.head(hidden=o1["hidden"][:n])["token_ids"]
             return self.player.check(batch.step, collect(held, o1, ids, n, fresh))
 
-    def _step_piecewise(self, cap: Captured, batch: StepBatch, d: StepInputs):
+    def _dummy_run(self, runtime: Runtime, desc: BatchDescriptor, step: int) -> None:
+        """`_dummy_run(1+k, uniform_decode=True)`: in FULL, commit the block table for the padded rows
+        (`ControlRules.dummy_commits_block_table`), build the metadata as for capture, re-staging the
+        builder's buffers from those rows (`dummy_restages`; else they keep the last real step's),
+        and replay. Its outputs are discarded."""
+        if runtime is not Runtime.FULL:
+            return
+        ib = self.input_batch
+        if self.rules.dummy_commits_block_table:
+            ib.commit(desc.num_reqs)
+        cap = self._entry(runtime, desc, step)
+        if self.rules.dummy_restages:
+            q = np.zeros(desc.num_reqs, dtype=np.int32)
+            q[0] = 1 + self.k
+            blocks = ib.committed[:desc.num_reqs]
+            self.builder.build_for_capture(Common(q, q, q > 0, q - 1, q, blocks, desc.num_tokens))
+        with torch.inference_mode():
+            self.player.replay(cap.pieces[0])
+
+    def _step_piecewise(self, cap: Captured, batch: StepBatch, meta):
         c, n, size = self.copy, batch.num_tokens, cap.size
         o0 = self._run_piece(cap.pieces[0], lambda: c.submod0(input_ids=self.inputs.input_ids[:size]))
         self.clear_core_out(o0, size)
@@ -147,7 +232,6 @@ class GraphRunner:
             for k, v in cap.owned0.items():
                 v.copy_(o0[k])
             held = {**o0, **cap.owned0}
-        meta = d.meta
         kind = (batch.num_decodes > 0, batch.num_tokens > batch.num_decodes)
         core = (lambda: c.core(o0, meta, n))
         fresh = self.capturer.linted(core) if self._lint.due(kind, batch.step) else core()
@@ -185,41 +269,55 @@ class GraphRunner:
         """Drop the graphs of one capture size: the next step of that size captures it again. With
         no graph left the pool is replaced: a capture into a pool whose every graph was released
         fails CUDA's allocator assert (`graphs.refusals.RELEASED_POOL_PHRASE`)."""
-        self.captured.pop(size, None)
+        for desc in [d for d in self.captured if d.num_tokens == size]:
+            del self.captured[desc]
         if not self.captured:
             self.pool = self.provider.new_pool("shared")
 
     def replayer(self, batch: StepBatch):
-        """A callable that replays this batch's captured size as a step would, without refilling
-        the inputs or reading the outputs (what `repro bench` times). Captures it if needed."""
-        cap = self._ready(batch, batch.on(self.copy.device))
-        if cap is None:
+        """A callable that replays this batch's graphs as a step would, without refilling the inputs
+        or reading the outputs (what `repro bench` times). Captures them if needed."""
+        self._update_states(batch)
+        runtime, desc = self.dispatch(batch)
+        if runtime is Runtime.NONE:
             raise ValueError(f"a step of {batch.num_tokens} tokens runs eagerly in {self.mode} mode")
-        if self.mode is Mode.FULL:
+        self.inputs.fill(batch.num_tokens, desc.num_tokens, batch.on(self.copy.device).ids, self.opts.pad)
+        self.copy.set_context(batch.num_tokens)
+        cap = self._entry(runtime, desc, batch.step)
+        meta = self._metadata(batch, runtime, desc)
+        if runtime is Runtime.FULL:
             return cap.pieces[0].graph.replay
-        c, meta = self.copy, self.inputs.decode_meta(cap.size)
-        g0, g1 = cap.pieces
+        c, (g0, g1) = self.copy, cap.pieces
 
         def replay():
             o0 = g0.replay()
-            c.core(o0, meta)
+            c.core(o0, meta, batch.num_tokens)
             g1.replay()
         return replay
 
-    def _note_frozen(self, size, changed):
+    def pad_state_indices(self, batch: StepBatch) -> list[int] | None:
+        """What the persistent state-index buffer holds in this step's padded rows (a FULL step), as
+        its replay read them: the null block when padding is sanitised, stale entries otherwise."""
+        if self.last is None or self.last[0] is not Runtime.FULL or batch.dummy:
+            return None
+        n, rows = batch.num_reqs, self.last[1].num_reqs
+        buf = self.builder.spec_state_indices[:, 0] if self.k else self.builder.non_spec_state_indices
+        return buf[n:rows].tolist()
+
+    def _note_frozen(self, desc, changed):
         for k, (was, now) in changed.items():
             self.notes.add("python-state", "forward-context",
-                           f"{k} was {was!r} when size {size} was captured and differs at a later replay: "
+                           f"{k} was {was!r} when {desc} was captured and differs at a later replay: "
                            "forward read it during capture, so replay uses the frozen value")
 
     def _run_piece(self, piece: Graph | None, eager):
         return eager() if piece is None else self.player.replay(piece)
 
-    def _eager_step(self, batch: StepBatch, d: StepInputs):
+    def _eager_step(self, batch: StepBatch, meta):
         c = self.copy
         n = batch.num_tokens
         with torch.inference_mode():
-            o0, core, o1 = c.chain(self.inputs.input_ids[:n], d.meta)
+            o0, core, o1 = c.chain(self.inputs.input_ids[:n], meta)
             ids = c.head(hidden=o1["hidden"])["token_ids"]
         return collect(o0, o1, ids, n, core)
 
@@ -236,3 +334,6 @@ class PieceRunner(OverIslandRunner):
     def step(self, token_ids: list[int]) -> dict[str, torch.Tensor]:
         out, n = self.runner.run(token_ids)
         return {f"{self.island.name}.{k}": v[:n].clone() for k, v in out.items()}
+
+
+__all__ = ["EagerRunner", "GraphRunner", "PieceRunner", "block_rows", "StepInputs"]

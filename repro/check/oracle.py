@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import torch
 
-from .compare import (BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM, Divergence, compare_outputs,
+from .compare import (block_owner, BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM, Divergence, compare_outputs,
                       first_row, magnitude, max_abs, nonfinite_side, ordered, row_owner, same, summaries)
 
 # ---- calibrated bounds ----------------------------------------------------------------------
@@ -66,8 +66,7 @@ def _locate(batch, key: str, a: torch.Tensor, b: torch.Tensor) -> tuple:
     """(row, request, slot) of the first difference: token rows for outputs, slots for state."""
     row = first_row(a, b)
     if key.endswith("_state"):
-        rid = next((r for r, s in zip(batch.request_ids, batch.slots) if s == row), None)
-        return None, rid, row
+        return None, block_owner(batch, row), row
     return (row, *row_owner(batch, row))
 
 

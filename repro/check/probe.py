@@ -3,14 +3,15 @@
 way the graph runner pads it; `classify` hands the runs to `oracle.decide`."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .compare import BATCH_VARIANCE, Divergence
-from ..capture.runner import EagerRunner
+from ..capture.runner import EagerRunner, block_rows
+from ..control.builder import common_for
 from ..control.dispatch import pad_size
-from ..control.meta import GDNMeta
+from ..control.modes import Runtime
 from ..islands.layer import LayerCopy, collect
-from ..knobs.options import Mode
 from .kernelcase import locate
 from .oracle import decide, routing_inputs
 class ChainProbe:
@@ -20,13 +21,14 @@ class ChainProbe:
 
     def __init__(self, copy: LayerCopy, runner):
         self.copy, self.runner = copy, runner
-        self.eager = EagerRunner(copy)
+        self.eager = EagerRunner(copy, runner.rules)
         copy.moe.keep_input = True  # never captures: the MoE inputs of the last exact and padded runs
         self.moe_in: dict = {}
 
     def padded_size(self, batch) -> int | None:
-        """The row count the replay ran this step at (None: the runner ran it eagerly)."""
-        return self.runner.graphable(batch)
+        """The row count the replay ran this step at (None: the runner ran it eagerly, or it was a
+        dummy run, which has no rows of its own)."""
+        return None if batch.dummy else self.runner.graphable(batch)
 
     def _load(self, state: dict) -> None:
         for k, v in self.copy.cache.tensors().items():
@@ -47,22 +49,27 @@ class ChainProbe:
         return routing_inputs(self.moe_in.get("exact"), self.moe_in.get("padded"), self.copy.moe)
 
     def padded(self, batch, pre: dict, size: int) -> dict:
+        """The step as the graph runner pads it, run eagerly with correct pads: in FULL the whole chain
+        at `size` tokens with padded rows on the kernel's sentinel; in PIECEWISE submod0 and submod1 at
+        `size` rows and the splitting op on the live rows."""
         self._load(pre)
         c, r, n = self.copy, self.runner, batch.num_tokens
         dev = c.device
         ids = torch.zeros(size, dtype=torch.long, device=dev)
         ids[:n] = torch.tensor(batch.token_ids, dtype=torch.long, device=dev)
         c.set_context(n)
+        runtime, desc = r.dispatch(batch)
         with torch.inference_mode():
-            if r.mode is Mode.FULL:  # the whole decode chain at `size` rows, pad rows on the sentinel
-                slots = torch.full((size,), c.cache.sentinel, dtype=torch.int32, device=dev)
-                slots[:n] = torch.tensor(batch.token_slots(), dtype=torch.int32, device=dev)
-                meta = GDNMeta(torch.arange(size + 1, dtype=torch.int32, device=dev), slots, None, size, size)
+            if runtime is Runtime.FULL:
+                pad_rows = desc.num_reqs - batch.num_reqs
+                live = block_rows(batch, 1 + r.k, c.cache.sentinel)
+                blocks = np.concatenate((live, np.full((pad_rows, live.shape[1]), c.cache.sentinel, dtype=np.int32)))
+                meta = self.eager.builder.build(common_for(batch, blocks, pad_rows, size))
                 o0, core, o1 = c.chain(ids, meta)
             else:  # submod0 padded, the splitting op on live rows, submod1 padded unless it runs eagerly
                 o0 = c.submod0(input_ids=ids)
-                r.clear_core_out(o0, size)  # as the runner does: pad rows zero (issue 16.4)
-                core = c.core(o0, batch.meta(dev), n)
+                r.clear_core_out(o0, size)  # as the runner does: pad rows zero
+                core = c.core(o0, self.eager.meta(batch), n)
                 if {"submod1", "moe"} & set(r.opts.eager_families):
                     o1 = c.submod1(core_out=core, z=o0["z"][:n], residual=o0["residual"][:n])
                 else:

@@ -56,11 +56,11 @@ def default_every(device) -> int:
     return 1 if torch.device(device).type == "cpu" else DEVICE_EVERY
 
 
-def independent_copy(model, num_slots: int, sentinel: int) -> LayerCopy:
+def independent_copy(model, num_slots: int, sentinel: int, spec_tokens: int = 0) -> LayerCopy:
     """A `LayerCopy` of `model` with its own deep-copied weights and the default island options."""
     layer, head, next_norm = _copy.deepcopy((model.weights, model.head, model.next_norm))
     return LayerCopy(model.cfg, layer, head, next_norm, num_slots, model.device, sentinel=sentinel,
-                     tp_size=model.tp_size)
+                     tp_size=model.tp_size, spec_tokens=spec_tokens)
 
 
 class ReferenceCopy:

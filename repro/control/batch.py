@@ -1,11 +1,11 @@
-"""One scheduler step as the runner sees it (host side), and its device metadata.
+"""One scheduler step as the runner sees it (host side), and its device inputs.
 
-`prepare()` builds the step's host tensors (token ids, per-token slots, metadata) once, pinned
-when an accelerator is present, so the lockstep can build step k+1's while the device runs step k.
-Every consumer still gets its own device tensors (`on`, or `ids`, `token_slot_tensor`, `meta` one
-by one): a non-blocking copy from the pinned host buffer (a plain `torch.tensor(list,
-device=cuda)` is a pageable copy, which synchronises the stream), and a clone on the CPU, so the
-eager, replay and probe copies never share an input tensor one of them could corrupt."""
+`prepare()` builds the step's host tensors (token ids, each token's state block) once, pinned when
+an accelerator is present, so the lockstep can build step k+1's while the device runs step k.
+Every consumer still gets its own device tensors (`on`, or `ids`, `token_slot_tensor` one by one):
+a non-blocking copy from the pinned host buffer (a plain `torch.tensor(list, device=cuda)` is a
+pageable copy, which synchronises the stream), and a clone on the CPU, so the eager, replay and
+probe copies never share an input tensor one of them could corrupt."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .meta import GDNMeta
 
 
 @dataclass
@@ -21,7 +20,6 @@ class StepInputs:
     """One consumer's device copy of a step's inputs (`StepBatch.on`)."""
     ids: torch.Tensor  # int64 [T]
     token_slots: torch.Tensor  # int32 [T]
-    meta: GDNMeta
 
 
 @dataclass
@@ -112,10 +110,7 @@ class StepBatch:
             # (five `torch.tensor` calls and a `cat` cost about four times the host time).
             q = np.asarray(self.query_lens, dtype=np.int64)
             fields = (("ids", torch.long, np.asarray(self.token_ids, dtype=np.int64)),
-                      ("token_slots", torch.int32, np.repeat(np.asarray(self.slots, dtype=np.int32), q)),
-                      ("qsl", torch.int32, np.concatenate(([0], np.cumsum(q))).astype(np.int32)),
-                      ("slots", torch.int32, np.asarray(self.slots, dtype=np.int32)),
-                      ("init", torch.bool, np.asarray(self.has_initial_state, dtype=np.bool_)))
+                      ("token_slots", torch.int32, np.repeat(np.asarray(self.slots, dtype=np.int32), q)))
             layout, at = {}, 0
             for k, dt, a in fields:
                 layout[k] = (at, a.nbytes, dt)
@@ -141,9 +136,7 @@ class StepBatch:
         device = torch.device(device)
         buf = h["buf"].clone() if device.type == "cpu" else h["buf"].to(device, non_blocking=h["buf"].is_pinned())
         f = {k: buf[o:o + n].view(dt) for k, (o, n, dt) in h["layout"].items()}
-        meta = GDNMeta(query_start_loc=f["qsl"], state_indices=f["slots"], has_initial_state=f["init"],
-                       num_decodes=self.num_decodes, num_tokens=self.num_tokens)
-        return StepInputs(f["ids"], f["token_slots"], meta)
+        return StepInputs(f["ids"], f["token_slots"])
 
     def host_ids(self) -> torch.Tensor:
         """The prepared host tensor of token ids (pinned when prepared so): copy it with
@@ -157,9 +150,6 @@ class StepBatch:
     def token_slot_tensor(self, device) -> torch.Tensor:
         """Each token's state slot, int32, on `device`."""
         return self.on(device).token_slots
-
-    def meta(self, device) -> GDNMeta:
-        return self.on(device).meta
 
     def to_json(self) -> dict:
         d = {"step": self.step, "request_ids": self.request_ids, "slots": self.slots,

@@ -55,9 +55,11 @@ class Model:
         else:
             self.next_norm = self.head.norm
 
-    def copy(self, opts: IslandOptions = IslandOptions(), num_slots: int = 8, sentinel: int = 0) -> LayerCopy:
+    def copy(self, opts: IslandOptions = IslandOptions(), num_slots: int = 8, sentinel: int = 0,
+             spec_tokens: int = 0) -> LayerCopy:
+        """A copy with its own state cache for `num_slots` concurrent requests of 1+k blocks each."""
         return LayerCopy(self.cfg, self.weights, self.head, self.next_norm, num_slots, self.device,
-                         sentinel=sentinel, opts=opts, tp_size=self.tp_size)
+                         sentinel=sentinel, opts=opts, tp_size=self.tp_size, spec_tokens=spec_tokens)
 
 
 __all__ = ["ISLANDS", "KINDS", "Kind", "Runs", "kind", "Model", "check_island", "Submod0", "GDNCore", "Submod1", "CanaryHead",

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from ..knobs import hazards as hz
 from ..control.dispatch import DEFAULT_SIZES
+from ..control.modes import DEFAULT_MODES, mode_name
 from ..errors import BadInput
 from ..islands import Model, Runs, kind
 from ..lockstep import run_lockstep, run_moe_lockstep
@@ -23,13 +24,13 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool) -> list
     """Explicit hazards/repairs -> one case per mode; none -> baseline plus every applicable hazard."""
     whole = island in ("all", None)
     islands = (["chain"] if (hazards or repairs) else list(DEFAULT_ISLANDS)) if whole else [island]
-    modes = [mode] if mode else ["piecewise", "full"]
+    modes = [mode_name(mode)] if mode else list(DEFAULT_MODES)
     cases: list[Case] = []
     for isl in islands:
         k = kind(isl)
         if k.runs is Runs.RANKS:
             raise BadInput(f"{isl} needs ranks: use `repro run --island {isl} --tp N`")
-        for m in [k.mode] if k.mode else modes:
+        for m in [mode_name(k.mode)] if k.mode else modes:
             if hazards or repairs:
                 hz.check(hazards, repairs, m, streams, "chain" if k.runs is Runs.CHAIN else isl)
                 cases.append(Case(isl, m, tuple(hazards), tuple(repairs), hz.expectation(hazards, repairs)))
@@ -63,10 +64,11 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
         usable = None if copy_sentinel == 0 else range(seq.num_slots)
         batches = seq.batches(usable)
         every = default_every(provider.device) if reference_every is None else reference_every
-        ref = ReferenceCopy(independent_copy(model, seq.num_slots, copy_sentinel), every) if every > 0 else None
-        res = run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=copy_sentinel),
-                           provider, batches, mode=case.mode, opts=opts,
-                           sizes=sizes, trace=trace, progress=progress, max_tokens=seq.max_tokens, reference=ref)
+        spec = getattr(seq, "spec_tokens", 0)
+        ref = ReferenceCopy(independent_copy(model, seq.num_slots, copy_sentinel, spec), every) if every > 0 else None
+        res = run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=copy_sentinel, spec_tokens=spec),
+                           provider, batches, mode=case.mode, opts=opts, sizes=sizes, trace=trace, progress=progress,
+                           max_tokens=seq.max_tokens, reference=ref, max_num_seqs=seq.num_slots)
     return CaseResult(case, res.steps, res.divergence, [f.to_json() for f in res.findings], res.eager_us,
                       res.replay_us, res.kernel_findings, strict, bound_usage=res.bound_usage)
 

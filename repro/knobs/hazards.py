@@ -13,9 +13,27 @@ from dataclasses import dataclass, field
 
 from ..errors import Refused
 from ..graphs.lint import UNDECLARED
-from .options import MODES, HostCopy, Options, Pad, apply, validate
+from ..control.modes import Runtime, parse_mode
+from .options import HostCopy, Options, Pad, apply, validate
 
 CHAIN_ISLANDS = ("chain", "submod0", "gdn_core", "submod1")
+# The graphs a hazard needs: PIECEWISE pieces, or a FULL graph of the decode chain.
+GRAPHS = ("piecewise", "full")
+
+
+def needs_met(needs, mode: str) -> bool:
+    """Whether graph mode `mode` has the graphs a hazard or repair `needs`."""
+    m = parse_mode(mode)
+    return any(m.has(Runtime.FULL if n == "full" else Runtime.PIECEWISE) for n in needs)
+
+
+def home(mode: str) -> str | None:
+    """Where a default run plants the hazards of mode `mode`: FULL decode graphs ("full"), pieces
+    only ("piecewise"), or nothing (NONE)."""
+    m = parse_mode(mode)
+    if m.decode is Runtime.FULL:
+        return "full"
+    return "piecewise" if m.has(Runtime.PIECEWISE) else None
 
 
 @dataclass(frozen=True)
@@ -37,7 +55,7 @@ class Hazard:
     mechanism: str
     repairs: tuple[str, ...]  # any one of these clears it
     sets: dict = field(default_factory=dict)
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = GRAPHS  # the graphs it needs (`needs_met`)
     device_only: bool = False
     islands: tuple[str, ...] = ("chain",)
     detected_as: str = "divergence"  # or "finding"
@@ -150,8 +168,9 @@ def check(hazards, repairs, mode: str, streams: bool, island: str = "chain") -> 
         if h not in HAZARDS:
             raise Refused(f"unknown hazard {h!r} (known: {', '.join(HAZARDS)})")
         hz = HAZARDS[h]
-        if mode not in hz.modes:
-            raise Refused(f"hazard {h} applies to --mode {'/'.join(hz.modes)} only ({hz.mechanism})")
+        if not needs_met(hz.modes, mode):
+            raise Refused(f"hazard {h} needs {' or '.join(hz.modes)} graphs, which --mode {mode} does not capture "
+                          f"({hz.mechanism})")
         if hz.device_only and not streams:
             raise Refused(f"hazard {h} needs streams: the CPU tape has none (use --device cuda or xpu)")
         if not hz.applies_to(island):
@@ -162,8 +181,8 @@ def check(hazards, repairs, mode: str, streams: bool, island: str = "chain") -> 
         rep = REPAIRS[r]
         if rep.device_only and not streams:
             raise Refused(f"repair {r} needs streams: the CPU tape has none")
-        if rep.piecewise_only and mode == "full":
-            raise Refused(f"repair {r}: --mode full captures the decode chain as one graph, so no family "
+        if rep.piecewise_only and parse_mode(mode).has(Runtime.FULL):
+            raise Refused(f"repair {r}: --mode {mode} captures the decode chain as one graph, so no family "
                           "can run eagerly inside it (use --mode piecewise)")
 
 
@@ -177,7 +196,7 @@ def expectation(hazards, repairs) -> str:
 
 def planted(mode: str, streams: bool, island: str = "chain") -> list[Hazard]:
     """The hazards a default run plants alone on `island` in `mode`."""
-    return [h for h in HAZARDS.values() if mode in h.modes and h.applies_to(island) and island in h.islands
+    return [h for h in HAZARDS.values() if home(mode) in h.modes and h.applies_to(island) and island in h.islands
             and (streams or not h.device_only)]
 
 

@@ -39,18 +39,25 @@ from .phases import Phases
 
 
 def step_context(batch: StepBatch | None, runner: GraphRunner | None) -> dict:
+    """What a report needs of a step: its requests and, for the replay copy, how it was dispatched
+    and what the padded rows held."""
     if batch is None:
         return {}
     ctx = {"step": batch.step, "requests": batch.request_ids, "slots": batch.slots,
            "query_lens": batch.query_lens, "has_initial_state": batch.has_initial_state,
            "token_ids": digest(batch.token_ids)}
-    if runner is not None:
+    if batch.dummy:
+        ctx["dummy"] = True
+    if runner is not None and runner.last is not None:
+        runtime, desc = runner.last
         n = batch.num_tokens
-        size = next((s for s in runner.sizes if s >= n), None)
-        ctx["padded_to"] = size
-        if size:
-            ctx["pad_state_indices"] = runner.token_slot[n:size].tolist()
-            ctx["pad_input_ids"] = runner.input_ids[n:size].tolist()
+        ctx["runtime_mode"] = str(runtime)
+        ctx["padded_to"] = desc.num_tokens if runtime.value else None
+        if runtime.value and desc.num_tokens > n:
+            ctx["pad_input_ids"] = runner.input_ids[n:desc.num_tokens].tolist()
+        pads = runner.pad_state_indices(batch)
+        if pads is not None:
+            ctx["pad_state_indices"] = pads
     return ctx
 
 
@@ -113,15 +120,16 @@ class Lockstep:
 
     def __init__(self, make_copy, provider, mode="piecewise", opts: Options = Options(), sizes=None,
                  max_tokens=64, trace=None, check: str = "device", weight_every: int = 1,
-                 reference: ReferenceCopy | None = None):
+                 reference: ReferenceCopy | None = None, max_num_seqs: int = 8):
         if check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}")
         self.provider, self.trace = provider, trace
         self.eager_copy = make_copy(opts.eager_island)
         self.replay_copy = make_copy(opts.replay_island)
-        self.eager = EagerRunner(self.eager_copy)
+        self.eager = EagerRunner(self.eager_copy, opts.control)
         self.graph = GraphRunner(self.replay_copy, provider, mode=mode, sizes=sizes or DEFAULT_SIZES,
-                                 opts=opts.runner, max_tokens=max_tokens)
+                                 opts=opts.runner, max_tokens=max_tokens, rules=opts.control,
+                                 max_num_seqs=max_num_seqs)
         self.probe = ChainProbe(make_copy(opts.eager_island), self.graph)
         self.check = (DeviceCheck({**copy_weights(self.eager_copy), **copy_weights(self.replay_copy)}, weight_every)
                       if check == "device" else HostCheck(provider, self._compare))
@@ -192,7 +200,7 @@ class Lockstep:
                    "replay_digest": {k: digest(v) for k, v in r.items()}}
         div = replace(div, context=context)
         if div.tensor.endswith("_state") and div.slot is not None and div.request is None \
-                and div.slot not in set(batch.slots) | set(batch.live_slots):
+                and div.slot not in {b for blocks in batch.block_rows() for b in blocks} | set(batch.live_slots):
             div = replace(div, note=UNOWNED, reason=f"{div.reason}; slot {div.slot} is written at this step and {UNOWNED}")
         if div.kind not in KERNEL_FINDINGS:
             return div
@@ -290,8 +298,9 @@ class Lockstep:
 
 def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise", opts: Options = Options(),
                  sizes=None, trace=None, progress=None, max_tokens=64, check: str = "device",
-                 weight_every: int = 1, reference: ReferenceCopy | None = None) -> LockstepResult:
+                 weight_every: int = 1, reference: ReferenceCopy | None = None,
+                 max_num_seqs: int = 8) -> LockstepResult:
     ls = Lockstep(make_copy, provider, mode, opts, sizes,
                   max(max_tokens, max((b.num_tokens for b in batches), default=1)), trace, check, weight_every,
-                  reference)
+                  reference, max_num_seqs)
     return ls.result(ls.run(batches, progress))
