@@ -241,7 +241,7 @@ def impl(op: str) -> Callable:
     return fn
 
 
-# ---- the calls into a kernel's own package (issue 15.4) --------------------------------------
+# ---- the calls into a kernel's own package ----------------------------------------------------
 # A kernel finding (nondeterminism, batch variance) is reported with a script that imports only
 # torch and the kernel's own package. The boundary is `call(fn, ...)`: a provider calls its
 # package's function through it (FLA's `fused_recurrent_gated_delta_rule`), and a plugin's provider

@@ -1,7 +1,7 @@
 """`triton` provider: fused Triton kernels for the decode path (one launch where the `torch`
 provider issues ten), for `repro bench`'s replay-vs-floor targets, and for the two prefill ops
 (`causal_conv1d_fn`, `gated_delta_rule_prefill`: one launch each where the `torch` / `reference`
-providers issue hundreds of small ops and read back to the host, issue 19's mixed steps).
+providers issue hundreds of small ops and read back to the host in a mixed step).
 
 The kernels live in their op's folder (`kernels/<op>/triton.py`, shared helpers in
 `kernels/triton_helpers.py`); this module, which imports no Triton, says when they are available

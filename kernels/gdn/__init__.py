@@ -21,9 +21,9 @@ from kernels.gdn import fla, reference, vectorized
 from kernels.gdn.common import check_gdn
 
 # FLA's decode, called by keyword, is batch-invariant: rows at B=1..7 equal the same rows inside a
-# padded batch of 8 bit for bit (docs/fla/REPORT.md, H200, fla-core 0.6.0; the variance issue 15's
-# probes saw came from a positional call that put beta into `gk`). Its chunked prefill was not
-# measured that way and runs bf16 intermediates chosen per launch: declared batch-variant.
+# padded batch of 8 bit for bit (docs/fla/REPORT.md, H200, fla-core 0.6.0; a positional call would
+# put beta into `gk` and read past its end, which looks like nondeterminism). Its chunked prefill was
+# not measured that way and runs bf16 intermediates chosen per launch: declared batch-variant.
 registry.mark_batch_variant("gated_delta_rule_prefill", "fla")
 
 __all__ = ["gdn_gating", "gated_delta_rule_decode", "gated_delta_rule_prefill"]

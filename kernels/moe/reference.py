@@ -66,7 +66,7 @@ def moe_reference(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_
 def moe_reference_routed(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
                          shared_w2, shared_w2_scale, shared_gate_w, top_k, renormalize):
     """`moe_reference` for the experts the batch routes to only: the same bits at a fraction of
-    the cost when E is large (the third copy at 256 experts: issue 19). W8A8 experts run grouped,
+    the cost when E is large (the third copy runs it at 256 experts). W8A8 experts run grouped,
     a few batched exact products for all of them (`_Groups`). Which experts are used is read on
     the host, so it is for eager use only (the independent third copy, `repro.reference_copy`,
     never captures)."""

@@ -26,7 +26,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, H, sx, so, eps, BH: tl.constexpr):
 
 def _rows(x):
     """`x` as contiguous rows [N, H]: `x` itself when it already is (the wrappers' host time is
-    most of a small op's: issue 19), else a reshaped (and if need be copied) view."""
+    most of a small op's), else a reshaped (and if need be copied) view."""
     return x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, x.shape[-1]).contiguous()
 
 
