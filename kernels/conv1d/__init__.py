@@ -12,9 +12,23 @@ import torch
 
 from kernels import registry
 from kernels._library import define
-from kernels.conv1d import reference, vectorized
+from kernels.availability import triton
+from kernels.registry import Source
 
 __all__ = ["causal_conv1d_fn", "causal_conv1d_update"]
+
+registry.declare(__name__, "conv1d", {
+    "causal_conv1d_fn": {
+        "reference": Source(".reference:causal_conv1d_fn_reference"),
+        "torch": Source(".vectorized:causal_conv1d_fn_vectorized"),
+        "triton": Source(".triton:causal_conv1d_fn", triton),
+    },
+    "causal_conv1d_update": {
+        "reference": Source(".reference:causal_conv1d_update_reference"),
+        "torch": Source(".vectorized:causal_conv1d_update_vectorized"),
+        "triton": Source(".triton:causal_conv1d_update", triton),
+    },
+})
 
 
 def _check(x, weight, conv_state):

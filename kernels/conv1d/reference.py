@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from kernels import registry
 from kernels._state import slot_rows, write_rows_in_order
 from kernels.conv1d.common import conv_taps, weight_2d
 
@@ -53,6 +52,3 @@ def causal_conv1d_update_reference(x, weight, conv_state, state_indices, sentine
     write_rows_in_order(conv_state, slot, valid, torch.stack(news))
     return y
 
-
-registry.register("causal_conv1d_fn", "reference", causal_conv1d_fn_reference, group="conv1d")
-registry.register("causal_conv1d_update", "reference", causal_conv1d_update_reference, group="conv1d")

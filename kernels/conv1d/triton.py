@@ -3,7 +3,7 @@ prefill): one kernel each, bit-identical to the reference. State rows follow `ke
 (sentinel rows skipped, snapshot reads, last valid row wins) by walking the batch in order inside
 each program, which owns a disjoint slice of every state row: a row is written only by the last
 valid request that names its slot, after that request read it, so every read sees the row as it
-was before the call. Registered in `kernels/triton_provider.py`; imported on first use (needs
+was before the call. Declared in its folder's `__init__.py`; imported on first use (needs
 triton).
 """
 from __future__ import annotations

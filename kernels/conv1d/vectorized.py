@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from kernels import registry
 from kernels._state import scatter_last_wins, slot_rows
 from kernels.conv1d.common import conv_taps, weight_2d
 
@@ -63,6 +62,3 @@ def causal_conv1d_update_vectorized(x, weight, conv_state, state_indices, sentin
     scatter_last_wins(conv_state, slot, valid, new, old)
     return y
 
-
-registry.register("causal_conv1d_fn", "torch", causal_conv1d_fn_vectorized, group="conv1d")
-registry.register("causal_conv1d_update", "torch", causal_conv1d_update_vectorized, group="conv1d")

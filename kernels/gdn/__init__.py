@@ -17,16 +17,34 @@ import torch
 
 from kernels import registry
 from kernels._library import define
-from kernels.gdn import fla, reference, vectorized
+from kernels.availability import triton
 from kernels.gdn.common import check_gdn
+from kernels.gdn.fla import available as fla_available
+from kernels.registry import Source
+
+__all__ = ["gdn_gating", "gated_delta_rule_decode", "gated_delta_rule_prefill"]
 
 # FLA's decode, called by keyword, is batch-invariant: rows at B=1..7 equal the same rows inside a
 # padded batch of 8 bit for bit (docs/fla/REPORT.md, H200, fla-core 0.6.0; a positional call would
 # put beta into `gk` and read past its end, which looks like nondeterminism). Its chunked prefill was
 # not measured that way and runs bf16 intermediates chosen per launch: declared batch-variant.
-registry.mark_batch_variant("gated_delta_rule_prefill", "fla")
-
-__all__ = ["gdn_gating", "gated_delta_rule_decode", "gated_delta_rule_prefill"]
+registry.declare(__name__, "gdn", {
+    "gated_delta_rule_decode": {
+        "fla": Source(".fla:gated_delta_rule_decode_fla", fla_available),
+        "reference": Source(".reference:gated_delta_rule_decode_reference"),
+        "torch": Source(".vectorized:gated_delta_rule_decode_vectorized"),
+        "triton": Source(".triton:gated_delta_rule_decode", triton),
+    },
+    "gated_delta_rule_prefill": {
+        "fla": Source(".fla:gated_delta_rule_prefill_fla", fla_available, batch_invariant=False),
+        "reference": Source(".reference:gated_delta_rule_prefill_reference"),
+        "triton": Source(".triton:gated_delta_rule_prefill", triton),
+    },
+    "gdn_gating": {
+        "reference": Source(".reference:gdn_gating_reference"),
+        "triton": Source(".triton:gdn_gating", triton),
+    },
+})
 
 
 @define("gdn_gating", mutates_args=())

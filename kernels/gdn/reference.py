@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from kernels import registry
 from kernels._math import sigmoid
 from kernels._state import slot_rows, write_rows_in_order
 from kernels.gdn.common import prepare_qk, softplus
@@ -99,7 +98,3 @@ def gated_delta_rule_prefill_reference(q, k, v, g, beta, ssm_state, query_start_
         ssm_state[slot] = S.to(ssm_state.dtype)
     return o
 
-
-registry.register("gdn_gating", "reference", gdn_gating_reference, group="gdn")
-registry.register("gated_delta_rule_decode", "reference", gated_delta_rule_decode_reference, group="gdn")
-registry.register("gated_delta_rule_prefill", "reference", gated_delta_rule_prefill_reference, group="gdn")

@@ -3,7 +3,7 @@
 fp32 rounding of the reference: reductions in another order) and `repro::gated_delta_rule_prefill`
 (the same step, token after token of each request, the state held in registers between tokens:
 the recurrent form, within fp32 rounding of the reference's chunked form). State rows follow
-`kernels/_state.py` as in `kernels/conv1d/triton.py`. Registered in `kernels/triton_provider.py`;
+`kernels/_state.py` as in `kernels/conv1d/triton.py`. Declared in its folder's `__init__.py`;
 imported on first use (needs triton).
 """
 from __future__ import annotations

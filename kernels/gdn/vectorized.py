@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from kernels import registry
 from kernels._math import tree_sum
 from kernels._state import scatter_last_wins, slot_rows
 from kernels.gdn.common import prepare_qk
@@ -21,5 +20,3 @@ def gated_delta_rule_decode_vectorized(q, k, v, g, beta, ssm_state, state_indice
     scatter_last_wins(ssm_state, slot, valid, S, old)
     return o
 
-
-registry.register("gated_delta_rule_decode", "torch", gated_delta_rule_decode_vectorized, group="gdn")

@@ -9,7 +9,6 @@ from contextlib import contextmanager
 
 import torch
 
-from kernels import registry
 from kernels.moe.common import (combine, dense_linear, finish, renormalized, router_probs,
                                 shared_expert, silu_and_mul)
 from kernels.w8a8_linear.quant import dequantize_output, quantize_per_token
@@ -133,5 +132,3 @@ def _provider(*args):
     (`moe_reference` itself stays a plain function: `repro report` copies it into scripts)."""
     return (moe_reference_routed if _ROUTED["on"] else moe_reference)(*args)
 
-
-registry.register("moe", "reference", _provider, group="moe")

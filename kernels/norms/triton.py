@@ -1,6 +1,6 @@
 """`triton` provider of `repro::rms_norm`, `repro::add_rms_norm` and `repro::rms_norm_gated`: one
 kernel each; within one bf16 rounding of the reference (the mean is reduced in another order; the
-sum of `add_rms_norm` bit-identical). Registered in `kernels/triton_provider.py`; imported on first
+sum of `add_rms_norm` bit-identical). Declared in its folder's `__init__.py`; imported on first
 use (needs triton).
 """
 from __future__ import annotations
