@@ -188,7 +188,7 @@ def test_every_launch_site_goes_through_launch():
         src = p.read_text()
         assert "_kernel[" not in src, p
         n += src.count("launch(_")
-    assert n == 14
+    assert n == 16
 
 
 # ---------------------------------------------------------------- CPU with triton 3.6: the real launch path
@@ -470,7 +470,8 @@ SITES = {"w8a8_linear": {"_w8a8_rows_kernel", "_w8a8_kernel"},
          "rms_norm": {"_rms_norm_kernel"}, "add_rms_norm": {"_add_rms_norm_kernel"},
          "rms_norm_gated": {"_rms_norm_gated_kernel"}, "gdn_gating": {"_gating_kernel"},
          "causal_conv1d_update": {"_conv_update_kernel"}, "causal_conv1d_fn": {"_conv_fn_kernel"},
-         "gated_delta_rule_decode": {"_gdn_decode_kernel"}, "gated_delta_rule_prefill": {"_gdn_prefill_kernel"}}
+         "gated_delta_rule_decode": {"_gdn_decode_kernel"}, "gated_delta_rule_prefill": {"_gdn_prefill_kernel"},
+         "causal_conv1d_update_spec": {"_conv_spec_kernel"}, "gated_delta_rule_spec": {"_gdn_spec_kernel"}}
 
 
 def _triton_kernels():
@@ -480,7 +481,7 @@ def _triton_kernels():
 
 
 def test_the_sites_are_the_providers():
-    assert set(SITES) == set(_triton_kernels()) and sum(map(len, SITES.values())) == 14
+    assert set(SITES) == set(_triton_kernels()) and sum(map(len, SITES.values())) == 16
 
 
 @needs_rig
@@ -537,6 +538,8 @@ OPS = {  # op -> shapes (sample_args dims): two of test_kernels_fast's VARIANTS,
     "causal_conv1d_fn": [dict(sentinel=-1), dict(sentinel=0, B=6, S=3), dict(sentinel=0, B=3)],
     "gated_delta_rule_decode": [dict(sentinel=-1), dict(sentinel=0, B=6, S=3), dict(sentinel=0, B=3)],
     "gated_delta_rule_prefill": [dict(sentinel=-1), dict(sentinel=0, B=6, S=3), dict(sentinel=0, B=3)],
+    "causal_conv1d_update_spec": [dict(sentinel=-1), dict(sentinel=0, B=6, S=3), dict(sentinel=0, B=3, spec_k=4)],
+    "gated_delta_rule_spec": [dict(sentinel=-1), dict(sentinel=0, B=6, S=3), dict(sentinel=0, B=3, spec_k=4)],
 }
 
 
