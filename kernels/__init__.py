@@ -25,9 +25,9 @@ from kernels import registry
 from kernels import conv1d, gdn, w8a8_linear, moe, norms  # each declares its providers, in this order
 from kernels import availability, ops
 from kernels.errors import KernelSelectionError
-from kernels.ops import (causal_conv1d_fn, causal_conv1d_update, gated_delta_rule_decode,
-                         gated_delta_rule_prefill, gdn_gating, linear, moe_block, quantize_per_token,
-                         quantize_with_scale, rms_norm, rms_norm_gated)
+from kernels.ops import (causal_conv1d_fn, causal_conv1d_update, causal_conv1d_update_spec, gated_delta_rule_decode,
+                         gated_delta_rule_prefill, gated_delta_rule_spec, gdn_gating, linear, moe_block,
+                         quantize_per_token, quantize_with_scale, rms_norm, rms_norm_gated)
 
 registry.configure_from_env()
 
@@ -44,8 +44,9 @@ def check_identity() -> str:
 
 
 __all__ = ["registry", "ops", "linear", "quantize_per_token", "quantize_with_scale", "moe_block",
-           "rms_norm", "rms_norm_gated", "causal_conv1d_fn", "causal_conv1d_update", "gdn_gating",
-           "gated_delta_rule_decode", "gated_delta_rule_prefill", "KernelSelectionError", "PROJECT",
+           "rms_norm", "rms_norm_gated", "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_update_spec",
+           "gdn_gating", "gated_delta_rule_decode", "gated_delta_rule_prefill", "gated_delta_rule_spec",
+           "KernelSelectionError", "PROJECT",
            "check_identity"]
 # `w8a8_linear` and `moe` are subpackage names here: call them as kernels.ops.w8a8_linear /
 # kernels.ops.moe or torch.ops.repro.w8a8_linear / torch.ops.repro.moe.
