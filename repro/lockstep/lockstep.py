@@ -31,11 +31,15 @@ from ..check.oracle import routing_inputs
 from ..check.probe import ChainProbe
 from ..check.reference_copy import ReferenceCopy, departed, name_weight_writer
 from ..control.batch import StepBatch
+from ..errors import ReplayRefused
 from ..islands.layer import LayerCopy
 from ..knobs.options import Options
 from ..model.weights import copy_weights
 from .checks import CHECKS, DeviceCheck, HostCheck
 from .phases import Phases
+
+
+REFUSED = "replay-refused"  # the finding kind of a replay the runner's assertion stopped
 
 
 def step_context(batch: StepBatch | None, runner: GraphRunner | None) -> dict:
@@ -144,6 +148,7 @@ class Lockstep:
         self._pre_prev = {k: v.clone() for k, v in self.pre.items()} if self.check.keeps_previous_state else None
         self._weights_checked_at: int | None = None
         self.reference = reference  # the independent third copy (`reference_copy`), or None
+        self.refused = False  # the runner's assertion stopped a replay (`REFUSED` finding)
         self.bound_usage: dict = {}  # tensor -> the largest |d| / bound against it (`oracle.corruption`)
         if reference is not None:  # both run eagerly: their MoE inputs tell a router near-tie
             self.eager_copy.moe.keep_input = reference.copy.moe.keep_input = True
@@ -169,7 +174,15 @@ class Lockstep:
         for k, v in se.items():
             self.pre[k].copy_(v)
         e = ph.queued("eager", self.eager.step, batch)
-        r = ph.queued("replay", self.graph.step, batch)
+        try:
+            r = ph.queued("replay", self.graph.step, batch)
+        except ReplayRefused as refused:  # the runner's own assertion: a loud error, the run ends here
+            self.graph.notes.add(REFUSED, "runner", str(refused))
+            self.refused = True
+            self.steps += 1
+            self._record(batch, e, {})
+            ph.stop(steady=False)
+            return None
         judged = self.check.judge(batch, e, r, se, sr, upcoming, ph)
         div = self._weights_judged(judged, batch) if judged.weights else judged.div
         if self.check.digested and self.prev is not None:
@@ -248,12 +261,12 @@ class Lockstep:
         return self._weights_changed(changed, self.prev, self.pre) if changed else None
 
     def run(self, batches: list[StepBatch], progress=None) -> Divergence | None:
-        """Every batch in turn, to the first divergence; then `finish`."""
+        """Every batch in turn, to the first divergence (or a replay the runner refused); then `finish`."""
         for i, batch in enumerate(batches):
             div = self.step(batch, batches[i + 1] if i + 1 < len(batches) else None)
             if progress:
                 progress(i + 1, len(batches))
-            if div is not None:
+            if div is not None or self.refused:
                 return div
         return self.finish()
 
