@@ -22,7 +22,7 @@ from repro.capture.runner import GraphRunner
 def _changed(opts: Options) -> set[str]:
     """The option paths where `opts` differs from the defaults."""
     base, out = Options(), set()
-    for part in ("eager_island", "replay_island", "runner", "comm"):
+    for part in ("eager_island", "replay_island", "runner", "comm", "control"):
         a, b = getattr(base, part), getattr(opts, part)
         out |= {f"{part}.{f.name}" for f in fields(a) if getattr(a, f.name) != getattr(b, f.name)}
     if opts.kernel_sentinel is not None:
