@@ -134,14 +134,17 @@ def model(tiny_path):
 
 @pytest.mark.parametrize("pad, want", [(Pad.SENTINEL, [0, 0]), (Pad.OTHER, [-1, -1]), (Pad.STALE, [3, 4])])
 def test_pad_rows_carry_what_the_pad_option_names(model, pad, want):
+    """Two decode steps through the FULL graph of size 4: the second's padded rows of the builder's
+    staged state indices (what the replay reads) hold what the pad option names."""
     runner = GraphRunner(model.copy(num_slots=4), make_provider("cpu"), mode="full", sizes=(4,),
-                         opts=RunnerOptions(pad=pad))
+                         opts=RunnerOptions(pad=pad), max_num_seqs=4)
     step = lambda slots: StepBatch(list(range(len(slots))), slots, [1] * len(slots), [True] * len(slots),
                                    [5] * len(slots), live_slots=slots)
     for b in (step([1, 2, 3, 4]), step([1, 2])):
-        d = b.on("cpu")
-        runner.inputs.fill(b.num_tokens, 4, d.ids, d.token_slots, runner.opts.pad)
-    assert runner.token_slot[2:4].tolist() == want
+        runner.step(b)
+    assert runner.last[1].num_reqs == 4
+    assert runner.builder.non_spec_state_indices[2:4].tolist() == want
+    assert runner.pad_state_indices(step([1, 2])) == want
 
 
 def test_a_refused_device_capture_gives_the_stream_back():
