@@ -2,9 +2,9 @@
 `CompositeExplicitAutograd` kernel (the body), and a fake for meta tensors.
 
 Not `torch.library.custom_op`: its Python layers (autograd wrapper, dynamo guard, alias check on
-every result) cost about 33 us of host time per call on the H200 machine, as much as the rest of a
-fused op's host path (`tools/launch_cost.py`, issue 19: an eager decode step calls about fifteen
-of them, so this alone was ~0.5 ms of a 4.6 ms checked step). A plain `torch.library.Library`
+every result) cost about 33 us of host time per call on an H200 machine, as much as the rest of a
+fused op's host path (`tools/launch_cost.py`). An eager decode step calls about fifteen of them,
+so that alone would be ~0.5 ms of a 4.6 ms checked step. A plain `torch.library.Library`
 definition dispatches straight to the body. What is the same: the schema (the same inference,
 `mutates_args` marking written arguments `Tensor(a!)`), dispatch through `torch.ops.repro.*`
 (TorchDispatchModes, the CPU tape and the lint see each call as one op with its schema), fakes
@@ -20,11 +20,10 @@ gradients off (`inference_mode` / `no_grad`: the autograd keys would only pass t
 positional arguments only, each a plain `torch.Tensor` that is not a meta tensor, or a Python
 scalar or None. The body is then called with the arguments as given: the same function the
 dispatcher would reach, the same tensors in and out. Saved: the dispatcher's boxing of every
-argument and result, 2-10 us of host time a call on the H200 machines lent here (`ops.rms_norm`
-52.5 us against its body's 42.9 on one, `docs/h200/copyprof-stop33.txt`; 34.0 against 31.8 on
-another, `launch-cost-stop33.txt`), about a dozen calls in each copy's eager step (issue 19: the
-copies' host path is most of a checked step). `torch.ops.repro.<name>`
-itself always dispatches.
+argument and result, 2-10 us of host time a call on H200 machines (`ops.rms_norm` 52.5 us against
+its body's 42.9 on one; 34.0 against 31.8 on another, `docs/h200/launch-cost.txt`), about a dozen
+calls in each copy's eager step, whose host path is most of a checked step.
+`torch.ops.repro.<name>` itself always dispatches.
 """
 from __future__ import annotations
 

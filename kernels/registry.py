@@ -1,57 +1,45 @@
 """Which implementation ("provider") runs behind each `repro::` op: the one piece of global state.
 
-Every op in `kernels` is a `repro::` torch op (`kernels/_library.py`) whose body asks this
-registry, at call time, for the function of the provider selected for it. Providers:
+Every op in `kernels` is a `repro::` torch op (`kernels/_library.py`) whose body asks this registry,
+at call time, for the function of the provider selected for it: `reference` (plain, obviously
+correct torch), `torch` (fast plain-torch paths), `triton` (our Triton kernels), `fla`
+(flash-linear-attention, GDN only), `vllm_xpu` (vllm-xpu-kernels). Each op's folder declares its
+providers in one table (`kernels/<op>/__init__.py`, registered by `declare`); a provider's module
+is imported when its function is first needed, so one whose package or device is missing is
+listed with the reason and never imported.
 
-- `reference`: plain, obviously-correct torch; always available.
-- `torch`: fast plain-torch paths (vectorised, `torch._int_mm`); always available on CPU/CUDA.
-- `fla`: flash-linear-attention kernels, GDN ops only; needs `fla` and a CUDA/XPU device.
-- `vllm_xpu`: vllm-xpu-kernels ops; needs those extensions and an XPU device.
-
-Default for an op: `torch` where it is registered, else `reference`. A selection never falls
-back silently: an unknown op or provider, or a provider that is absent here, raises
-`KernelSelectionError` (`kernels.errors`, a `ValueError`; the CLI exits 2) naming it.
-
-A selection made while a graph is captured is frozen into that graph (the body runs at
-capture time); select before capturing.
+Default for an op: `torch` where it is registered, else `reference`. A selection never falls back
+silently: an unknown op or provider, or one absent here, raises `KernelSelectionError` (a
+`ValueError`; the CLI exits 2) naming it. A selection made while a graph is captured is frozen
+into that graph (the body runs at capture time).
 
     registry.select("w8a8_linear", "reference")
     registry.configure("w8a8_linear=torch,gdn=reference")     # also env REPRO_KERNELS
-    with registry.using(moe="reference"):
-        ...
+    with registry.using(moe="reference"): ...
 
-A name on the left of `=` may be an op or a group (`w8a8`, `norms`, `conv1d`, `gdn`, `moe`,
-or `all`); a group selects the provider for each of its ops that registers it, and it is an
-error if none does.
+A name on the left of `=` may be an op or a group (`w8a8`, `norms`, `conv1d`, `gdn`, `moe`, or
+`all`): the provider for each of the group's ops that has it, an error if none does.
 
-Each provider also says whether it is *batch-invariant*: whether a row's result is the same bits
-whatever the other rows of the batch are (`register(..., batch_invariant=False)`, asked with
-`batch_invariant(op, provider)`). Our own providers are, on purpose; production kernels often are
-not (a reduction tree or a work-group size chosen by the number of tokens). A graph replayed at
-a padded batch is compared with eager at the exact one, so the oracle needs this to tell batch
-variance from a graph hazard.
+*Batch-invariant* (`batch_invariant(op, provider)`): a row's result is the same bits whatever the
+other rows of the batch are. Ours are, on purpose; production kernels often are not (a reduction
+tree or a work-group size chosen by the number of tokens). A graph replayed at a padded batch is
+compared with eager at the exact one, so the oracle needs this to tell batch variance from a hazard.
 
-Plugins: users bring their own providers as modules that call `register(...)` when imported
-(the lab's own build of vllm-xpu-kernels, a patched FLA). `load_plugins("mod1,mod2")` imports them;
-call it before `configure` / `select`, then select the new provider by name like any other:
+Plugins: modules that call `register(...)` when imported (a lab's own build of vllm-xpu-kernels, a
+patched FLA), loaded by `load_plugins` before `configure` / `select`:
 
-    # my_kernels.py
-    from kernels import registry
-    registry.register("rms_norm", "mine", my_rms_norm, my_available, group="norms")
+    registry.register("rms_norm", "mine", my_rms_norm, my_available, group="norms")  # my_kernels.py
+    registry.load_plugins(["my_kernels"]); registry.configure("rms_norm=mine")
 
-    registry.load_plugins(["my_kernels"])
-    registry.configure("rms_norm=mine")
-
-A module that is not found, or that raises while importing (a duplicate registration too), is a
-`KernelSelectionError` naming the module and the cause in one line. `$REPRO_PLUGINS` (comma
-separated) is loaded when `kernels` is imported, before `$REPRO_KERNELS` is applied, so
-`REPRO_PLUGINS=my_kernels REPRO_KERNELS=rms_norm=mine repro run ...` works; the command line's
-`--plugin MODULE` calls `load_plugins` before its own `--kernels` selection.
+A module that is not found, or that raises while importing (a duplicate registration too), is one
+`KernelSelectionError` line naming it and the cause. `$REPRO_PLUGINS` (comma separated) is loaded
+when `kernels` is imported, before `$REPRO_KERNELS` applies; `--plugin MODULE` before `--kernels`.
 """
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -63,8 +51,6 @@ ENV_VAR = "REPRO_KERNELS"
 PLUGINS_ENV_VAR = "REPRO_PLUGINS"  # modules to import before $REPRO_KERNELS applies
 PREFERENCE = ("torch", "reference")  # default selection order
 ALL = ("all", "*")
-
-
 Availability = Callable[[], "tuple[bool, str]"]
 
 
@@ -73,56 +59,79 @@ def always() -> tuple[bool, str]:
 
 
 @dataclass(frozen=True)
-class _Provider:
-    fn: Callable
-    available: Availability
+class Source:
+    """A provider as an op folder declares it: `where` is "module:function" (the module may be
+    relative to the folder), imported on first use; None for one that `available` always refuses."""
+    where: str | None
+    available: Availability = always
     batch_invariant: bool = True
+
+
+class _Provider:
+    """A registered provider: its function, or `where` = (module, name) to import it from when first asked."""
+    __slots__ = ("_fn", "available", "batch_invariant", "where")
+
+    def __init__(self, fn, available: Availability, batch_invariant: bool = True):
+        self.where = tuple(fn.split(":", 1)) if isinstance(fn, str) else None
+        self._fn = None if isinstance(fn, str) else fn
+        self.available, self.batch_invariant = available, bool(batch_invariant)
+
+    @property
+    def fn(self) -> Callable:
+        if self._fn is None:
+            if self.where is None:
+                raise KernelSelectionError(f"this provider has no function: {self.available()[1]}")
+            self._fn = getattr(importlib.import_module(self.where[0]), self.where[1])
+        return self._fn
 
 
 _providers: dict[str, dict[str, _Provider]] = {}
 _groups: dict[str, list[str]] = {}
 _selected: dict[str, str] = {}
+_plugins: list[str] = []
 
 
-def register(op: str, provider: str, fn: Callable, available: Availability | None = None,
+def register(op: str, provider: str, fn: Callable | str | None, available: Availability | None = None,
              *, group: str | None = None, batch_invariant: bool = True) -> None:
-    """Add `fn` as `provider` for `op`; `available()` -> (bool, reason) is asked when needed.
-    `batch_invariant=False` says a row's result may depend on the rest of the batch."""
+    """`fn` (a function, or "module:function" imported on first use) as `provider` for `op`; `available()`
+    -> (bool, reason) is asked when needed; `batch_invariant=False`: a row's result may depend on the batch."""
     table = _providers.setdefault(op, {})
     if provider in table:
         raise ValueError(f"provider {provider!r} registered twice for op {op!r}")
-    table[provider] = _Provider(fn, available or always, bool(batch_invariant))
+    table[provider] = _Provider(fn, available or always, batch_invariant)
     if group is not None and op not in _groups.setdefault(group, []):
         _groups[group].append(op)
 
 
-def mark_batch_variant(op: str, provider: str) -> None:
-    """Record that a provider registered elsewhere is not batch-invariant (for a module whose
-    `register` call cannot say so itself)."""
-    table = _table(op)
-    if provider not in table:
-        raise KernelSelectionError(f"unknown provider {provider!r} for kernel op {op!r}; "
-                                   f"registered: {', '.join(table)}")
-    p = table[provider]
-    table[provider] = _Provider(p.fn, p.available, False)
+def declare(package: str, group: str, table: dict[str, dict[str, Source]]) -> None:
+    """Register an op folder's table (op -> provider -> `Source`) in its order; `package`: its `__name__`."""
+    for op, entries in table.items():
+        for provider, src in entries.items():
+            module, _, name = (src.where or "").partition(":")
+            fn = f"{importlib.util.resolve_name(module, package)}:{name}" if src.where else None
+            register(op, provider, fn, src.available, group=group, batch_invariant=src.batch_invariant)
+
+
+def where(op: str, provider: str) -> tuple[str, str] | None:
+    """(module, function) a declared provider is imported from; None for one registered as a function."""
+    return _entry(op, provider).where
+
+
+def _entry(op: str, provider: str) -> _Provider:
+    if provider not in _table(op):
+        raise KernelSelectionError(f"unknown provider {provider!r} for kernel op {op!r}; registered: {', '.join(_table(op))}")
+    return _providers[op][provider]
 
 
 def batch_invariant(op: str, provider: str | None = None) -> bool:
     """Whether `provider` (default: the selected one) gives a row the same bits in any batch."""
-    table = _table(op)
-    name = selected(op) if provider is None else provider
-    if name not in table:
-        raise KernelSelectionError(f"unknown provider {name!r} for kernel op {op!r}; registered: {', '.join(table)}")
-    return table[name].batch_invariant
+    return _entry(op, selected(op) if provider is None else provider).batch_invariant
 
 
 def load_plugins(names) -> list[str]:
-    """Import plugin modules (each calls `register(...)`), in order, before selection.
-
-    `names`: an iterable of module names or one comma-separated string (as `$REPRO_PLUGINS`).
-    Returns the names imported. A module that is not found or fails to import raises
-    `KernelSelectionError` with one line naming it and the cause; modules before it stay loaded
-    (their providers are registered but nothing is selected)."""
+    """Import plugin modules (each calls `register(...)`) in order: an iterable of names or one
+    comma-separated string (as `$REPRO_PLUGINS`). Returns the names imported. One that is not
+    found or fails to import raises `KernelSelectionError` (one line); those before it stay loaded."""
     if isinstance(names, str):
         names = names.split(",")
     loaded = []
@@ -131,19 +140,15 @@ def load_plugins(names) -> list[str]:
             continue
         try:
             importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name is not None and (name == e.name or name.startswith(e.name + ".")):
-                raise KernelSelectionError(f"kernel plugin {name!r}: no module named {e.name!r} on sys.path") from e
-            raise KernelSelectionError(f"kernel plugin {name!r} failed to import: {_one_line(e)}") from e
         except Exception as e:
-            raise KernelSelectionError(f"kernel plugin {name!r} failed to import: {_one_line(e)}") from e
+            missing = isinstance(e, ModuleNotFoundError) and e.name is not None and \
+                (name == e.name or name.startswith(e.name + "."))
+            why = f": no module named {e.name!r} on sys.path" if missing else f" failed to import: {_one_line(e)}"
+            raise KernelSelectionError(f"kernel plugin {name!r}{why}") from e
         loaded.append(name)
         if name not in _plugins:
             _plugins.append(name)
     return loaded
-
-
-_plugins: list[str] = []
 
 
 def plugins() -> list[str]:
@@ -181,11 +186,7 @@ def _availability(p: _Provider) -> tuple[bool, str]:
 
 
 def _check(op: str, provider: str) -> None:
-    table = _table(op)
-    if provider not in table:
-        raise KernelSelectionError(
-            f"unknown provider {provider!r} for kernel op {op!r}; registered: {', '.join(table)}")
-    ok, reason = _availability(table[provider])
+    ok, reason = _availability(_entry(op, provider))
     if not ok:
         raise KernelSelectionError(f"provider {provider!r} for kernel op {op!r} is absent here: {reason}")
 
@@ -241,15 +242,13 @@ def impl(op: str) -> Callable:
     return fn
 
 
-# ---- the calls into a kernel's own package (issue 15.4) --------------------------------------
+# ---- the calls into a kernel's own package ----------------------------------------------------
 # A kernel finding (nondeterminism, batch variance) is reported with a script that imports only
 # torch and the kernel's own package. The boundary is `call(fn, ...)`: a provider calls its
-# package's function through it (FLA's `fused_recurrent_gated_delta_rule`), and a plugin's provider
-# is called through it by `impl`. Under `recording()` each call is kept with its inputs as they
-# were before the call, its result, and its tensor arguments after it (what it wrote in place).
-# A wheel's torch op (vllm-xpu-kernels' `torch.ops._C.gemma_rms_norm`) is a `call` too; the
-# Python modules that register its namespace are declared with `op_library`, so a script can load
-# them before it looks the op up.
+# package's function (FLA's, a wheel's torch op) through it, and `impl` calls a plugin through it.
+# Under `recording()` each call is kept with its inputs before, its result and its tensor arguments
+# after (what it wrote). `op_library` names the modules that register a wheel's op namespace, so a
+# script can import them before it looks the op up.
 
 _op_libraries: dict[str, tuple[str, ...]] = {}
 
@@ -345,9 +344,8 @@ def configure(spec: str) -> dict[str, str]:
 
 
 def configure_from_env(environ: dict | None = None) -> dict[str, str]:
-    """Import `$REPRO_PLUGINS`, then apply `$REPRO_KERNELS` (called once when `kernels` is
-    imported). Plugins come first so that `$REPRO_KERNELS` can select their providers: a plugin
-    module imports `kernels` itself, so a selection applied before it loaded could never name it."""
+    """Import `$REPRO_PLUGINS`, then apply `$REPRO_KERNELS` (once, when `kernels` is imported):
+    a plugin imports `kernels` itself, so a selection applied before it loaded could not name it."""
     env = os.environ if environ is None else environ
     plugins = env.get(PLUGINS_ENV_VAR, "")
     try:
@@ -384,8 +382,7 @@ def using(**selections: str) -> Iterator[dict[str, str]]:
 
 @contextmanager
 def defaults() -> Iterator[None]:
-    """Temporarily forget every explicit selection (e.g. CPU work inside a run that selected GPU
-    kernels for the device)."""
+    """Forget every explicit selection for a while (CPU work in a run that selected GPU kernels)."""
     saved = dict(_selected)
     _selected.clear()
     try:
@@ -398,12 +395,7 @@ def defaults() -> Iterator[None]:
 def describe() -> dict[str, dict]:
     """op -> {"selected": name, "providers": {name: {"available": bool, "reason": str,
     "batch_invariant": bool}}}."""
-    out = {}
-    for op in ops():
-        table = _table(op)
-        out[op] = {
-            "selected": selected(op),
-            "providers": {n: {"available": a, "reason": r, "batch_invariant": table[n].batch_invariant}
-                          for n, (a, r) in providers(op).items()},
-        }
-    return out
+    return {op: {"selected": selected(op),
+                 "providers": {n: {"available": a, "reason": r, "batch_invariant": _table(op)[n].batch_invariant}
+                               for n, (a, r) in providers(op).items()}}
+            for op in ops()}

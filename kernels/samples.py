@@ -2,14 +2,15 @@
 
 `sample_args(op, device=..., seed=..., **dims)` returns the positional arguments of
 `torch.ops.repro.<op>`. Dims default to tiny shapes with the model's structure (GQA-style
-Hk < Hv, conv K = 4, a padded row carrying the sentinel, experts W8A8).
+Hk < Hv, conv K = 4, a padded row carrying the sentinel, experts W8A8; `spec_k` draft tokens a
+row for the speculative ops).
 """
 from __future__ import annotations
 
 import torch
 
 DEFAULTS = dict(T=6, B=4, H=64, K=64, N=24, C=32, conv_k=4, Hk=2, Hv=4, dk=16, dv=16, S=6,
-                E=8, I=32, Is=32, top_k=2, sentinel=-1, quantized=True)
+                E=8, I=32, Is=32, top_k=2, sentinel=-1, quantized=True, spec_k=2)
 
 
 def _g(seed):
@@ -60,6 +61,8 @@ def sample_args(op: str, device="cpu", seed=0, **dims):
         T = sum(lengths)                                                   # no read back from the device
         has = torch.tensor([i % 2 == 0 for i in range(B)], device=device)
         return rand((T, C), g, **dev), weight, conv_state, qsl, idx, has, d["sentinel"]
+    if op in ("causal_conv1d_update_spec", "gated_delta_rule_spec"):
+        return _spec_args(op, g, device, d, S_given="S" in dims)
     if op == "gdn_gating":
         Hv, T = d["Hv"], d["T"]
         return (rand((Hv,), g, **dev), rand((T, Hv), g, **dev), rand((Hv,), g, **dev), rand((T, Hv), g, **dev))
@@ -84,6 +87,33 @@ def sample_args(op: str, device="cpu", seed=0, **dims):
     if op == "moe":
         return moe_args(g, device=device, **{k: d[k] for k in ("T", "H", "E", "I", "Is", "top_k", "quantized")})
     raise ValueError(f"no sample for op {op!r}")
+
+
+def _spec_args(op, g, device, d, S_given):
+    """Rows of n = 1 + spec_k, n - 1, ... tokens with 1..n accepted, the last row padding (no
+    tokens, the sentinel, one accepted: how vLLM pads), one token after the last row."""
+    B, n, sentinel = d["B"], d["spec_k"] + 1, d["sentinel"]
+    lengths = [n - i % n for i in range(B - 1)] + [0]
+    accepted = [1 + (i + 1) % n for i in range(B - 1)] + [1]
+    qsl = torch.tensor([0] + lengths).cumsum(0).to(torch.int32).to(device)
+    T = sum(lengths) + 1
+    acc = torch.tensor(accepted, dtype=torch.int32, device=device)
+    dev = dict(device=device)
+    if op == "causal_conv1d_update_spec":
+        C, Kc, S = d["C"], d["conv_k"], d["S"]
+        weight = rand((C, Kc), g, **dev, scale=0.5)
+        conv_state = rand((S, C, Kc - 1 + n - 1), g, **dev)
+        return rand((T, C), g, **dev), weight, conv_state, state_indices(B, S, sentinel, device), acc, qsl, sentinel
+    Hk, Hv, dk, dv = d["Hk"], d["Hv"], d["dk"], d["dv"]
+    first = 1 if sentinel == 0 else 0
+    S = d["S"] if S_given else B * n + first                            # distinct slots unless S is given
+    idx = [[first + (i * n + j) % (S - first) for j in range(n)] for i in range(B - 1)] + [[sentinel] * n]
+    ssm_state = rand((S, Hv, dk, dv), g, torch.float32, **dev, scale=0.1)
+    q, k = rand((T, Hk, dk), g, **dev), rand((T, Hk, dk), g, **dev)
+    v = rand((T, Hv, dv), g, **dev)
+    gate = -torch.rand(T, Hv, generator=g).to(device)
+    beta = torch.rand(T, Hv, generator=g).to(device)
+    return (q, k, v, gate, beta, ssm_state, torch.tensor(idx, dtype=torch.int32, device=device), acc, qsl, sentinel)
 
 
 def moe_args(g, *, T, H, E, I, Is, top_k, quantized, device="cpu", renormalize=True):

@@ -159,7 +159,7 @@ def _words(w: torch.Tensor) -> torch.Tensor | None:
 
 def _np2(n: int) -> int:
     """`triton.next_power_of_2(max(1, n))` in plain Python: Triton 3.6's is a constexpr function
-    whose host call costs ~4 us (~40 calls a checked step; issue 19). Equal for every n >= 0
+    whose host call costs ~4 us (~40 calls a checked step). Equal for every n >= 0
     (tests/test_triton_launch.py checks it against Triton's where Triton imports)."""
     return 1 << (max(1, int(n)) - 1).bit_length()
 

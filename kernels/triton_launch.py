@@ -1,6 +1,6 @@
 """`launch(kernel, grid, *args, **meta)`: `kernel[grid](*args, **meta)` that, on a repeat call,
-skips Triton's Python launch path and calls the compiled kernel's C launcher directly (issue 19:
-~16 us of host per `kernel[grid]` launch on an H200, ~6.6 us for the launcher itself).
+skips Triton's Python launch path and calls the compiled kernel's C launcher directly (on an
+H200, ~16 us of host per `kernel[grid]` launch, ~6.6 us for the launcher itself).
 
 The first call for a key takes the normal path (compiling / autotuning as before) and keeps what it
 returns, the `CompiledKernel` (for an `Autotuner`, with its `best_config`), under the key. A later
@@ -47,7 +47,7 @@ What Triton 3.6 does (the facts this rests on):
   descriptor parameters, none here). The C launcher's `getPointer` takes a Python int as the
   address itself; for any other object it calls `data_ptr()` and checks the address with
   `cuPointerGetAttribute` (a CPU tensor fails there): per tensor, a Python call and a driver call
-  that the direct call saves (issue 19: the copies' host path is most of a checked step). The key
+  that the direct call saves (the copies' host path is most of a checked step). The key
   holds `is_cuda` for every tensor, so a CPU tensor never reaches a cached entry.
 
 Why the key is exact: `launch_key` keys a positional int by its value (fixing == 1, & 15 and the

@@ -1,5 +1,5 @@
-"""The vllm-xpu-kernels ops the `vllm_xpu` providers call: their schemas (data), when they load,
-and where the adapters find them.
+"""The vllm-xpu-kernels ops the `vllm_xpu` providers call: their schemas (data) and where the
+adapters find them (when they load: `kernels/availability.py`).
 
 Schemas: read from the shared objects of the vllm-xpu-kernels 0.1.16.2 wheel (PyPI), exactly as
 registered there (`SCHEMAS`, keyed `library::name`). They are kept here so that a CPU test
@@ -8,18 +8,10 @@ check dtypes and shapes as the real kernels do, and drive our adapters through t
 adapter change that breaks a call then fails in CI without an Intel GPU. A new wheel: update
 `WHEEL_VERSION` and the strings, and the contract test says which adapter no longer fits.
 
-Loading: the wheel's extensions import only with torch >= 2.13 (they need a libc10 constructor,
-`c10::NotImplementedError(SourceLocation, std::string)`, first exported there) and only on an
-XPU stack; elsewhere `available()` says why not (tox cell `torch213-xpu` is where they load).
-
 Namespaces: the adapters take the op namespace as a keyword argument (`ns=`), defaulting to the
 real one (`torch.ops._C`, `torch.ops._moe_C`); the contract test passes its own.
 """
 from __future__ import annotations
-
-import functools
-import importlib
-import importlib.util
 
 import torch
 
@@ -48,18 +40,3 @@ def namespace(library: str):
     if library not in SCHEMAS:
         raise KeyError(f"no vllm-xpu-kernels library {library!r} is called here; known: {', '.join(SCHEMAS)}")
     return getattr(torch.ops, library)
-
-
-@functools.lru_cache(maxsize=None)
-def available() -> tuple[bool, str]:
-    if importlib.util.find_spec("vllm_xpu_kernels") is None:
-        return False, f"{WHEEL} is not installed"
-    if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
-        return False, "needs an XPU device"
-    try:
-        for name in EXTENSIONS:
-            importlib.import_module(name)
-    except Exception as e:
-        return False, (f"{WHEEL} does not import: {type(e).__name__}: {e} "
-                       f"({WHEEL} {WHEEL_VERSION} needs torch >= 2.13 +xpu)")
-    return True, f"{WHEEL} imports"

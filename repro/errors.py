@@ -15,3 +15,8 @@ class DeviceUnavailable(BadInput):
 
 class Refused(BadInput):
     """A knob (hazard, repair, mode) that cannot apply here; refused rather than ignored."""
+
+
+class ReplayRefused(Exception):
+    """The runner's own assertion stopped a replay it knows would read stale metadata (vLLM PR
+    #55123's replay-side check): a loud error in place of silent corruption, reported as a finding."""

@@ -278,7 +278,7 @@ def _rate_row(island, check, steps_per_s, us, every=None):
 
 
 def test_the_rates_table_says_whether_the_target_holds_and_on_which_hosts():
-    """Issue 19.4 at a glance: the device-check rows below 300 steps/s by name, the slowest host (us
+    """The target at a glance: the device-check rows below 300 steps/s by name, the slowest host (us
     a small op) on which the one with the most op-times would still reach 300, and the same count
     for the rows with the third copy; host-check and unchecked rows do not count."""
     from repro.bench.lockrates import format_rates, target_line
@@ -287,7 +287,7 @@ def test_the_rates_table_says_whether_the_target_holds_and_on_which_hosts():
             _rate_row("submod0", "unchecked", 280.0, 6.2)]
     r = {"cases": rows, "device": "GPU", "provider": "cuda", "steps": 200}
     line = target_line(r)
-    assert "(issue 19.4, the device check): met by 2 of 2 rows;" in line and "below" not in line
+    assert "checked steps/s (the device check): met by 2 of 2 rows;" in line and "below" not in line
     # submod0's device row has the most op-times (351): 300 steps/s needs a host of 1e6 / (300 * 351) us
     assert "351 (submod0 piecewise)" in line and f"{1e6 / (300 * 351):.1f} us" in line
     assert line.endswith("with the third copy: met by 1 of 1 rows")

@@ -1,4 +1,4 @@
-"""Property: damaged inputs never crash the suite (issue 18, "Shows"). Hypothesis damages a copy of
+"""Property: damaged inputs never crash the suite. Hypothesis damages a copy of
 the tiny checkpoint (truncate, flip bytes of the header length, drop or retype a tensor, a NaN, a
 wrong shape) and a valid sequence file (wrong types, out-of-range values, missing keys). For each:
 exit 2, one line on stderr naming the file and the field, no traceback, the input unchanged and

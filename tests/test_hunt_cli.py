@@ -1,4 +1,4 @@
-"""`repro hunt` (issue 18, "Hunt"): options refused rather than ignored, profile counts honoured,
+"""`repro hunt`: options refused rather than ignored, profile counts honoured,
 the database under the cache, flaky failures in one line, findings hunted, the largest captured
 decode batch reachable, minimal sequences cut after the divergence, replay lines that replay."""
 import json
@@ -65,7 +65,7 @@ def test_a_flaky_failure_is_one_exception_not_a_traceback(tmp_path):
 
 
 def test_the_search_space_reaches_the_largest_captured_size():
-    from repro.capture.runner import DEFAULT_SIZES
+    from repro.control.dispatch import DEFAULT_SIZES
     space = H.space_for(DEFAULT_SIZES)
     top = max(DEFAULT_SIZES)
     assert space["num_slots"] >= top and space["max_requests"] >= top and space["max_tokens"] >= top
@@ -114,7 +114,7 @@ def test_pad_sentinel_mismatch_replays(tiny_path, tmp_path, capsys):
 
 
 def test_max_examples_bounds_the_whole_search_shrinking_included(tiny_path, tmp_path, capsys):
-    rc = main(["hunt", "--model", tiny_path, "--device", "cpu", "--mode", "full", "--hazard", "stale-pad",
+    rc = main(["hunt", "--model", tiny_path, "--device", "cpu", "--hazard", "shared-pool-weakref",
                "--max-examples", "3", "--save", str(tmp_path / "s.json")])
     err = capsys.readouterr().err
     assert rc == 1, err

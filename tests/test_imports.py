@@ -1,4 +1,4 @@
-"""No import cycle inside the package (issue 14, "Layering"): every `from .x import` and
+"""No import cycle inside the package: every `from .x import` and
 `import repro.x` edge, at module level or inside a function, over repro/ and kernels/."""
 import ast
 from pathlib import Path

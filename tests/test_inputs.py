@@ -1,5 +1,5 @@
-"""Bad input is one line on stderr and exit 2, never a traceback or a silent "ok" (issue 18,
-"Honest exit codes"). Every case runs `main()` in-process and fails before any lockstep work."""
+"""Bad input is one line on stderr and exit 2, never a traceback or a silent "ok": the exit code
+says what happened. Every case runs `main()` in-process and fails before any lockstep work."""
 import json
 import os
 import shutil

@@ -1,4 +1,4 @@
-"""A kernel finding becomes a report with its own script (issue 15.4).
+"""A kernel finding becomes a report with its own script.
 
 The lab's kernels arrive as a package of their own plus a plugin that registers them. Here the
 package is `repro_test_kmath` (torch only) and the plugin `repro_test_kplug` registers two of its

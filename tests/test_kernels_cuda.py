@@ -11,9 +11,9 @@ from kernels.samples import sample_args
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
-EXACT_OPS = {"w8a8_linear", "moe", "causal_conv1d_fn", "causal_conv1d_update", "rms_norm", "add_rms_norm",
-             "rms_norm_gated", "gdn_gating"}
-STATE_OPS = {"causal_conv1d_update", "gated_delta_rule_decode"}
+EXACT_OPS = {"w8a8_linear", "moe", "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_update_spec", "rms_norm",
+             "add_rms_norm", "rms_norm_gated", "gdn_gating"}
+STATE_OPS = {"causal_conv1d_update", "causal_conv1d_update_spec", "gated_delta_rule_decode", "gated_delta_rule_spec"}
 
 
 def _clone(args):
@@ -72,7 +72,8 @@ def test_graph_replay_equals_eager(op, provider, dims):
 
 
 def _provider_cases():
-    for op in ("w8a8_linear", "moe", "causal_conv1d_fn", "causal_conv1d_update", "gated_delta_rule_decode"):
+    for op in ("w8a8_linear", "moe", "causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_update_spec",
+               "gated_delta_rule_decode", "gated_delta_rule_spec"):
         for dims in ((dict(T=1), dict(T=5), dict(T=40), dict(T=40, quantized=False)) if op == "moe" else
                      (dict(T=3), dict(T=33, K=2048, N=520), dict(T=4, K=20, N=12)) if op == "w8a8_linear" else
                      (dict(sentinel=-1), dict(sentinel=0))):

@@ -1,11 +1,12 @@
 """The `triton` provider (kernels/<op>/triton.py) against the reference, on an NVIDIA GPU.
 
-Bit for bit: `w8a8_linear`, `moe` (W8A8 experts), `causal_conv1d_update` and `causal_conv1d_fn`
-(outputs and conv state), `gdn_gating`, the sum of `add_rms_norm`. Within a stated tolerance:
-`rms_norm`, the norm of `add_rms_norm`, `rms_norm_gated` (one bf16 rounding: the mean is reduced
-in another order), `gated_delta_rule_decode` (fp32 state within 1e-5 relative, bf16 output within
-one bf16 rounding), `gated_delta_rule_prefill` (the recurrent form against the reference's chunked
-one: the same bounds, and against the float64 recurrence on long requests). State rules (sentinel
+Bit for bit: `w8a8_linear`, `moe` (W8A8 experts), `causal_conv1d_update`, `causal_conv1d_fn` and
+`causal_conv1d_update_spec` (outputs and conv state), `gdn_gating`, the sum of `add_rms_norm`.
+Within a stated tolerance: `rms_norm`, the norm of `add_rms_norm`, `rms_norm_gated` (one bf16
+rounding: the mean is reduced in another order), `gated_delta_rule_decode` and
+`gated_delta_rule_spec` (fp32 state within 1e-5 relative, bf16 output within one bf16 rounding),
+`gated_delta_rule_prefill` (the recurrent form against the reference's chunked one: the same
+bounds, and against the float64 recurrence on long requests). State rules (sentinel
 rows, duplicate slots: snapshot read, last valid row wins) are checked with batches that repeat a
 slot. Also: each op captured
 in a CUDA graph replays bit-exactly against eager, and the islands at baseline replay == eager in
@@ -20,13 +21,15 @@ from kernels.samples import sample_args
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
-EXACT = {"w8a8_linear", "moe", "causal_conv1d_update", "causal_conv1d_fn", "gdn_gating"}
-STATE_OPS = {"causal_conv1d_update", "causal_conv1d_fn", "gated_delta_rule_decode", "gated_delta_rule_prefill"}
+EXACT = {"w8a8_linear", "moe", "causal_conv1d_update", "causal_conv1d_fn", "causal_conv1d_update_spec", "gdn_gating"}
+STATE_OPS = {"causal_conv1d_update", "causal_conv1d_fn", "causal_conv1d_update_spec", "gated_delta_rule_decode",
+             "gated_delta_rule_prefill", "gated_delta_rule_spec"}
 # (rtol, atol) for outputs and for mutated fp32 state
 TOL = {"rms_norm": ((2 ** -7, 1e-6), None), "add_rms_norm": ((2 ** -7, 1e-6), None),
        "rms_norm_gated": ((2 ** -7, 1e-6), None),
        "gated_delta_rule_decode": ((2 ** -7, 1e-5), (1e-5, 1e-6)),
-       "gated_delta_rule_prefill": ((2 ** -7, 1e-5), (1e-5, 1e-6))}
+       "gated_delta_rule_prefill": ((2 ** -7, 1e-5), (1e-5, 1e-6)),
+       "gated_delta_rule_spec": ((2 ** -7, 1e-5), (1e-5, 1e-6))}
 
 VARIANTS = {
     "w8a8_linear": [dict(T=1), dict(T=3), dict(T=33, K=300, N=40), dict(T=1, K=2048, N=8192),
@@ -45,6 +48,10 @@ VARIANTS = {
                          dict(sentinel=0, B=8, S=9, C=8192)],
     "gated_delta_rule_prefill": [dict(sentinel=-1), dict(sentinel=0), dict(sentinel=0, B=6, S=3),
                                  dict(sentinel=0, B=8, S=9, Hk=16, Hv=32, dk=128, dv=128)],
+    "causal_conv1d_update_spec": [dict(sentinel=-1), dict(sentinel=0, spec_k=0), dict(sentinel=0, B=6, S=3),
+                                  dict(sentinel=0, B=8, S=9, C=8192, spec_k=4)],
+    "gated_delta_rule_spec": [dict(sentinel=-1), dict(sentinel=0, spec_k=0), dict(sentinel=0, B=6, S=3),
+                              dict(sentinel=0, B=8, Hk=16, Hv=32, dk=128, dv=128, spec_k=4)],
 }
 
 

@@ -1,6 +1,6 @@
 """The `fla` GDN provider (kernels/gdn/fla.py).
 
-On any machine (fla not needed): how the provider calls fla, which is where issue 15's
+On any machine (fla not needed): how the provider calls fla, which is where fla's apparent
 "nondeterminism" came from. fla's fused_recurrent_gated_delta_rule is (q, k, v, g, gk, gv, beta,
 ...), so beta passed fifth became the per-key decay gk and was read 128x past its end
 (docs/fla/REPORT.md). On an NVIDIA GPU with fla installed: the provider against the reference,

@@ -1,4 +1,4 @@
-"""`kernels` stands on its own (issue 14 item 4): providers in their op's folder, no import of
+"""`kernels` stands on its own: providers in their op's folder, no import of
 `repro`, its own errors, and a loud failure when another package named `kernels` shadows it."""
 import ast
 import importlib.util
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import kernels
-from kernels import triton_provider
+from kernels import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,14 +44,48 @@ def test_kernels_imports_and_fails_without_repro(tmp_path):
     assert r.stdout.split("\n")[:2] == ["raised True", "[]"]
 
 
-def test_every_triton_kernel_module_is_in_its_ops_folder():
-    for op, (module, name, group) in triton_provider.KERNELS.items():
-        parts = module.split(".")
-        assert parts[0] == "kernels" and parts[-1] == "triton" and len(parts) == 3, module
-        assert importlib.util.find_spec(module) is not None, module
-        src = (ROOT / "kernels" / parts[1] / "triton.py").read_text()
-        assert f"\ndef {name}(" in src, (op, module)
+def test_every_provider_is_declared_in_its_ops_folder():
+    """Each folder's table names functions of modules in that folder (a `triton` one in its
+    `triton.py`), found without importing them; a provider declared without one is absent. (A
+    provider registered as a function, a plugin's or another test's, has no module to check.)"""
+    folders = {"w8a8": "w8a8_linear"}  # group -> folder, where the names differ
+    seen = set()
+    for group, ops in registry.groups().items():
+        for op in ops:
+            for provider in registry.providers(op):
+                where = registry.where(op, provider)
+                if where is None:
+                    continue
+                module, name = where
+                parts = module.split(".")
+                assert parts[:2] == ["kernels", folders.get(group, group)] and len(parts) == 3, (op, provider, module)
+                assert provider != "triton" or parts[2] == "triton", (op, module)
+                assert importlib.util.find_spec(module) is not None, module
+                assert f"\ndef {name}(" in (ROOT / "kernels" / parts[1] / f"{parts[2]}.py").read_text(), (op, name)
+                seen.add((op, provider))
+    assert {("moe", "vllm_xpu"), ("rms_norm", "vllm_xpu"), ("gated_delta_rule_decode", "fla"),
+            ("w8a8_linear", "triton"), ("causal_conv1d_fn", "reference")} <= seen
+    assert registry.where("gated_delta_rule_spec", "fla") is None
+    assert not registry.providers("gated_delta_rule_spec")["fla"][0]
     assert importlib.util.find_spec("kernels.w8a8_linear.sweep") is not None
+
+
+def test_a_provider_module_is_imported_on_first_use_only(tmp_path):
+    """`import kernels` and listing every provider import no provider's module and no optional
+    package (Triton, FLA, vllm-xpu-kernels); the first call of an op imports its provider's."""
+    r = _run("import sys, torch, kernels\n"
+             "kernels.registry.describe()\n"
+             "wheres = {kernels.registry.where(op, p) for op in kernels.registry.ops() "
+             "for p in kernels.registry.providers(op)} - {None}\n"
+             "def loaded():\n"
+             "    return sorted({m for m, _ in wheres if m in sys.modules} | {m for m in sys.modules "
+             "if m.split('.')[0] in ('triton', 'fla', 'vllm_xpu_kernels')})\n"
+             "print(loaded())\n"
+             "kernels.ops.rms_norm(torch.ones(2, 8), torch.zeros(8), 1e-6)\n"
+             "print(loaded())", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    # the FLA provider's module holds its own availability check, and imports no fla to run it
+    assert r.stdout.split("\n")[:2] == ["['kernels.gdn.fla']", "['kernels.gdn.fla', 'kernels.norms.reference']"]
 
 
 def test_check_identity_names_this_folder():

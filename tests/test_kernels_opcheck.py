@@ -11,8 +11,9 @@ from kernels.samples import sample_args
 CASES = [(op, provider, sentinel)
          for op in OPS
          for provider, (ok, _) in registry.providers(op).items() if ok
-         for sentinel in ((-1, 0) if op in ("causal_conv1d_fn", "causal_conv1d_update",
-                                            "gated_delta_rule_decode", "gated_delta_rule_prefill") else (-1,))]
+         for sentinel in ((-1, 0) if op in ("causal_conv1d_fn", "causal_conv1d_update", "causal_conv1d_update_spec",
+                                            "gated_delta_rule_decode", "gated_delta_rule_prefill",
+                                            "gated_delta_rule_spec") else (-1,))]
 
 
 @pytest.mark.parametrize("op,provider,sentinel", CASES)
@@ -26,7 +27,7 @@ def test_opcheck(op, provider, sentinel, device):
 @pytest.mark.parametrize("op", OPS)
 def test_samples_are_built_on_the_device_asked_for(op):
     """Every tensor of every op's sample on the device given (the meta device stands in for a GPU
-    here: a CPU tensor in a GPU sample would fail opcheck there, as in issue 15)."""
+    here: a CPU tensor in a GPU sample would fail opcheck there)."""
     args = sample_args(op, device="meta", seed=1)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     assert tensors and all(t.device.type == "meta" for t in tensors), op
@@ -48,7 +49,8 @@ def test_opcheck_w8a8_without_bias(device):
 
 def test_mutates_args_declared_exactly():
     expected = {"causal_conv1d_fn": {"conv_state"}, "causal_conv1d_update": {"conv_state"},
-                "gated_delta_rule_decode": {"ssm_state"}, "gated_delta_rule_prefill": {"ssm_state"}}
+                "causal_conv1d_update_spec": {"conv_state"}, "gated_delta_rule_decode": {"ssm_state"},
+                "gated_delta_rule_prefill": {"ssm_state"}, "gated_delta_rule_spec": {"ssm_state"}}
     for op in OPS:
         schema = getattr(torch.ops.repro, op).default._schema
         mutated = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}

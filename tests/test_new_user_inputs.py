@@ -79,8 +79,8 @@ def test_a_result_nested_100000_deep_is_one_line(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def result(tiny_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("result") / "r.json"
-    assert main(["run", "--model", tiny_path, "--device", "cpu", "--mode", "full", "--hazard", "stale-pad",
-                 "--steps", "24", "--json", str(out)]) == 1
+    assert main(["run", "--model", tiny_path, "--device", "cpu", "--mode", "piecewise", "--hazard",
+                 "shared-pool-weakref", "--steps", "4", "--json", str(out)]) == 1
     return out
 
 

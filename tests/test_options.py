@@ -11,7 +11,8 @@ import torch
 
 from repro.knobs import hazards as hz
 from repro.control.batch import StepBatch
-from repro.capture.piece import IslandRunner, Piece, pad_size
+from repro.capture.piece import IslandRunner, Piece
+from repro.control.dispatch import pad_size
 from repro.graphs import make_provider
 from repro.islands import Model
 from repro.knobs.options import CommOptions, IslandOptions, Options, Pad, RunnerOptions
@@ -21,7 +22,7 @@ from repro.capture.runner import GraphRunner
 def _changed(opts: Options) -> set[str]:
     """The option paths where `opts` differs from the defaults."""
     base, out = Options(), set()
-    for part in ("eager_island", "replay_island", "runner", "comm"):
+    for part in ("eager_island", "replay_island", "runner", "comm", "control"):
         a, b = getattr(base, part), getattr(opts, part)
         out |= {f"{part}.{f.name}" for f in fields(a) if getattr(a, f.name) != getattr(b, f.name)}
     if opts.kernel_sentinel is not None:
@@ -133,13 +134,17 @@ def model(tiny_path):
 
 @pytest.mark.parametrize("pad, want", [(Pad.SENTINEL, [0, 0]), (Pad.OTHER, [-1, -1]), (Pad.STALE, [3, 4])])
 def test_pad_rows_carry_what_the_pad_option_names(model, pad, want):
+    """Two decode steps through the FULL graph of size 4: the second's padded rows of the builder's
+    staged state indices (what the replay reads) hold what the pad option names."""
     runner = GraphRunner(model.copy(num_slots=4), make_provider("cpu"), mode="full", sizes=(4,),
-                         opts=RunnerOptions(pad=pad))
+                         opts=RunnerOptions(pad=pad), max_num_seqs=4)
     step = lambda slots: StepBatch(list(range(len(slots))), slots, [1] * len(slots), [True] * len(slots),
                                    [5] * len(slots), live_slots=slots)
     for b in (step([1, 2, 3, 4]), step([1, 2])):
-        runner._fill(b, 4, b.on("cpu"))
-    assert runner.token_slot[2:4].tolist() == want
+        runner.step(b)
+    assert runner.last[1].num_reqs == 4
+    assert runner.builder.non_spec_state_indices[2:4].tolist() == want
+    assert runner.pad_state_indices(step([1, 2])) == want
 
 
 def test_a_refused_device_capture_gives_the_stream_back():

@@ -134,8 +134,8 @@ def test_reference_kernels_leave_no_finding(setup):
 
 @pytest.mark.parametrize("hazard", ["shared-pool-weakref", "fresh-alloc-split-op"])
 def test_pad_rows_deterministic_same_seed_same_row(setup, hazard):
-    """Issue 16.4: graph 0's core_out is zeroed before the splitting op writes it, so rows nobody
-    writes no longer carry allocator leftovers (NaN was seen): the same seed gives the same first
+    """Graph 0's core_out is zeroed before the splitting op writes it, so rows nobody writes
+    carry no allocator leftovers (which can be NaN): the same seed gives the same first
     divergence and |d|, all finite."""
     model, provider = setup
     rows = []

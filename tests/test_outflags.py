@@ -1,4 +1,4 @@
-"""The step's output flags in one kernel (`repro/outflags.py`) say exactly what the per-tensor
+"""The step's output flags in one kernel (`repro/check/outflags.py`) say exactly what the per-tensor
 flags say (`stepcheck.differs`), for every dtype, shape, column slice and single-bit change, and
 pairs the kernel cannot take keep the per-tensor path. The kernel runs on a CUDA GPU with Triton;
 on the CPU under Triton's interpreter (TRITON_INTERPRET=1 with triton importable), where the same

@@ -1,4 +1,4 @@
-"""Outputs never harm what the user owns (issue 18, "Data loss"): JSON written through files and
+"""Outputs never harm what the user owns: JSON written through files and
 symlinks, special files and unwritable places refused before any work, strict JSON, and report
 directories that only lose what the suite wrote."""
 import json

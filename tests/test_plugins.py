@@ -1,4 +1,4 @@
-"""Users bring their own kernels (issue 15 item 3, registry side): `registry.load_plugins` imports
+"""Users bring their own kernels (the registry side): `registry.load_plugins` imports
 modules that register providers, before selection; a bad module is one clear error."""
 import textwrap
 

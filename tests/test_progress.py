@@ -1,4 +1,4 @@
-"""Progress (issue 18, "What a person sees"): a line per case without a terminal, a bar that is
+"""Progress, as a person sees it: a line per case without a terminal, a bar that is
 erased before the table on one."""
 import io as _io
 

@@ -1,4 +1,4 @@
-"""The race amplifier (issue 20): stream hazards happen on every step, whatever the kernel speed.
+"""The race amplifier: stream hazards happen on every step, whatever the kernel speed.
 
 On the CPU (always run): the options and the CLI flag reach the runner; the poison is what an
 early read sees; a host read that races a copy that lands late (a provider whose copies land
@@ -24,10 +24,12 @@ from repro.capture.piece import Graph
 from repro.graphs import TapeProvider, make_provider
 from repro.islands import Model
 from repro.job.cases import Case, default_sequence, run_case
-from repro.lockstep.lockstep import Lockstep
+from repro.lockstep import Lockstep
 from repro.knobs.options import HostCopy, Options, RunnerOptions
-from repro.capture.race import device_delay, is_poison, poison_, poison_value
-from repro.capture.runner import GraphRunner, HostReadback
+from repro.capture.race import device_delay
+from repro.graphs.poison import is_poison, poison_, poison_value
+from repro.capture.race import HostReadback
+from repro.capture.runner import GraphRunner
 
 GPU_REASON = "needs an NVIDIA GPU (pytest --device cuda)"
 STREAM_HAZARDS = sorted((h.name, m) for h in hz.HAZARDS.values() if h.stream and "chain" in h.islands
@@ -228,10 +230,10 @@ def test_amplified_stream_mechanisms_in_program_order_equal_eager_bit_for_bit(mo
     opts = RunnerOptions(side_stream=True, event_wait=True, host_copy=HostCopy.ASYNC_SYNCED)
     ls = _lockstep(model, StreamedTape("cpu"), mode, opts)
     g = ls.graph
-    assert g._side_race.steps > 0 and g._host.log.steps > 0  # it did amplify
+    assert g.player.side_race.steps > 0 and g.player.host.log.steps > 0  # it did amplify
     assert not [f for f in g.findings if f.kind == "race"]  # and no read held the poison
     off = _lockstep(model, StreamedTape("cpu"), mode, replace(opts, amplify=False), steps=4)
-    assert off.graph._side_race.steps == 0 and off.graph._host.log.steps == 0
+    assert off.graph.player.side_race.steps == 0 and off.graph.player.host.log.steps == 0
 
 
 class _NoReplay:
@@ -245,17 +247,17 @@ def test_a_read_before_the_side_stream_replay_lands_sees_the_poison(model):
     runner = GraphRunner(model.copy(num_slots=4), StreamedTape("cpu"),
                          opts=RunnerOptions(side_stream=True, event_wait=False))
     outs = {"hidden": torch.ones(2, 3, dtype=torch.bfloat16), "ids": torch.arange(2)}
-    got = runner._replay(Graph(_NoReplay(), outs))
+    got = runner.player.replay(Graph(_NoReplay(), outs))
     assert torch.isnan(got["hidden"].float()).all() and (got["ids"] == torch.iinfo(torch.int64).min).all()
     assert any(f.kind == "stream" for f in runner.findings)
     off = GraphRunner(model.copy(num_slots=4), StreamedTape("cpu"),
                       opts=RunnerOptions(side_stream=True, amplify=False))
     outs = {"hidden": torch.ones(2, 3, dtype=torch.bfloat16)}
-    assert torch.equal(off._replay(Graph(_NoReplay(), outs))["hidden"], torch.ones(2, 3, dtype=torch.bfloat16))
+    assert torch.equal(off.player.replay(Graph(_NoReplay(), outs))["hidden"], torch.ones(2, 3, dtype=torch.bfloat16))
 
 
 def test_the_side_stream_race_log_counts_poisoned_steps_and_the_first(model):
-    from repro.capture.runner import RaceLog
+    from repro.capture.race import RaceLog
     log = RaceLog("what", "how")
     for step, hit in ((5, False), (6, True), (7, True)):
         log.hit_device(step, torch.tensor(hit))
@@ -268,7 +270,8 @@ def test_the_side_stream_race_log_counts_poisoned_steps_and_the_first(model):
 
 
 def _slice(tiny_path, clone_input, amplify):
-    from repro.islands.forced_comm import ForcedComm, SliceRunner, load_slice
+    from repro.capture.slice import SliceRunner
+    from repro.islands.forced_comm import ForcedComm, load_slice
     w = load_slice(tiny_path, 0, 0, 1, "cpu")
     eager = ForcedComm(w, mode="in-graph")
     replay = ForcedComm(w, mode="registered", clone_input=clone_input, amplify=amplify)

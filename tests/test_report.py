@@ -138,7 +138,7 @@ def test_a_failure_midway_leaves_no_half_written_report(tiny_path, tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "report"]
 
 
-# ---------------------------------------------------------------- issue 18: what a person sees
+# -------------------------------------------------------------------------- what a person sees
 
 def _run_json(tiny_path, tmp_path, *args, name="r.json"):
     res = tmp_path / name
@@ -245,7 +245,7 @@ def test_embedded_weights_say_torch_and_safetensors(tiny_path, tmp_path):
     assert "It needs only torch" in (seeded / SCRIPT).read_text()
 
 
-# ---------------------------------------------------------------- issue 18: data loss
+# -------------------------------------------------------------------------- data loss
 
 def test_a_non_empty_report_dir_is_refused_and_kept(tiny_path, tmp_path, capsys):
     res = _run_json(tiny_path, tmp_path, "--mode", "full", "--hazard", "stale-pad", "--steps", "4")

@@ -1,5 +1,5 @@
 """What a person reads in the table: no `row None`, no timing column, and every note under the
-table, numbered, whole, referred to by its rows (issue 18; the width and the numbering: see
+table, numbered, whole, referred to by its rows (the width and the numbering: see
 test_short_runs.py); a hunt's progress against its bound."""
 import io as _io
 

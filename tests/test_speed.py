@@ -1,5 +1,5 @@
-"""The device-side check (issue 19.1, 16.2, 16.3) on the CPU tape: it finds the same first
-divergence as the previous host path for planted hazards, it sees writes into slots no live
+"""The device-side check on the CPU tape: it finds the same first divergence as the
+per-tensor host path for planted hazards, it sees writes into slots no live
 request owns and in-place weight changes at the step they happen, NaN in both copies stays
 equal, and a clean step reads the device once. No timing is asserted."""
 from dataclasses import replace
@@ -13,7 +13,8 @@ from repro.check.compare import UNOWNED, WEIGHTS
 from repro.graphs import make_provider
 from repro.islands import Model
 from repro.job.cases import default_sequence
-from repro.lockstep.lockstep import Lockstep, locate, run_lockstep
+from repro.lockstep import Lockstep, run_lockstep
+from repro.lockstep.checks import locate
 from repro.check.stepcheck import StepCheck, digest_words, words
 
 SEQ = default_sequence(seed=0, steps=60)
@@ -31,7 +32,7 @@ def _make(model, seq, sentinel):
 
 
 def run(model, provider, hazard, mode, check, seq=SEQ):
-    """One hazard case as `job.run_case` runs it, with the check chosen."""
+    """One hazard case as `job.cases.run_case` runs it, with the check chosen."""
     opts = hz.options_for((hazard,), ())
     sentinel = opts.sentinel(0)
     batches = seq.batches(None if sentinel == 0 else range(seq.num_slots))
@@ -44,7 +45,7 @@ def run(model, provider, hazard, mode, check, seq=SEQ):
                                           ("frozen-python-state", "piecewise"), ("escaped-capture", "piecewise")])
 def test_device_check_finds_the_host_paths_first_divergence(setup, hazard, mode):
     """Same step, island, tensor, row and slot as the per-tensor host path, or earlier only where
-    the whole state shows a slot no live request owns (issue 16.3)."""
+    the whole state shows a slot no live request owns."""
     model, provider = setup
     dev, host = run(model, provider, hazard, mode, "device"), run(model, provider, hazard, mode, "host")
     assert dev.divergence is not None and host.divergence is not None
@@ -101,7 +102,7 @@ def test_write_into_a_slot_no_live_request_owns_is_reported_at_that_step(setup, 
 
 
 def test_the_host_path_does_not_see_an_unowned_slot(setup):
-    """Why 16.3 needed the whole state: the previous path compared live and touched slots only."""
+    """Why the device check reads the whole state: the host path compares live and touched slots only."""
     model, provider = setup
     ls = Lockstep(_make(model, SEQ, 0), provider, "full", max_tokens=SEQ.max_tokens, check="host")
     batches = SEQ.batches()
@@ -278,7 +279,7 @@ def test_prepared_inputs_are_each_consumers_own(setup):
 @pytest.mark.parametrize("at", [3, 7])
 def test_the_moe_lockstep_reports_a_weight_write_at_its_step_the_last_one_too(tiny_path, monkeypatch, at):
     """`run_moe_lockstep` reads each step's digest at the next step and the last one at the end."""
-    from repro.lockstep.lockstep import run_moe_lockstep
+    from repro.lockstep import run_moe_lockstep
     from repro.capture.runner import PieceRunner
     provider = make_provider("cpu")
     model = Model(tiny_path, provider.device)  # its own: a weight is changed

@@ -57,7 +57,7 @@ def test_standalone_rows_set_only_options_the_template_rebuilds():
 
 
 def test_no_hazard_or_repair_name_is_written_by_hand_in_the_report_or_the_template():
-    """Issue 14: names live in repro/hazards.py; the report and the script get them from the table."""
+    """Names live in repro/knobs/hazards.py; the report and the script get them from the table."""
     names = list(hz.HAZARDS) + list(hz.REPAIRS)
     files = sorted((ROOT / "repro" / "report").glob("*.py")) + sorted((ROOT / "repro" / "standalone").glob("*.py"))
     for f in files:

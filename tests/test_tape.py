@@ -108,7 +108,7 @@ def test_arena_first_fit_and_merge():
     assert a.alloc(200) == b1
 
 
-# ---- recording below custom ops, refusals, aliasing, the pool (issue 17) --------------------------
+# ---- recording below custom ops, refusals, aliasing, the pool -------------------------------------
 
 def test_a_custom_op_is_recorded_as_the_aten_ops_of_its_body():
     p = TapeProvider()

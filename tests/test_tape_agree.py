@@ -1,4 +1,4 @@
-"""The CPU tape and a CUDA graph agree on the same faults (issue 17 items 1-4).
+"""The CPU tape and a CUDA graph agree on the same faults.
 
 Every test runs once per device (`cpu`: the tape; `cuda`: `torch.cuda.CUDAGraph` through
 `repro.graphs.make_provider`) and checks one expected outcome, written down once per fault, so a
@@ -37,7 +37,7 @@ def host_scale(x: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("repro_tape_test::body_item", mutates_args=())
 def body_item(x: torch.Tensor) -> torch.Tensor:
-    """A host sync inside an op's body (the `moe` host read of issue 17)."""
+    """A host sync inside an op's body (like the MoE reference's host read of the experts used)."""
     return x * (1.0 + x.sum().item())
 
 
@@ -203,10 +203,10 @@ def test_an_op_returning_its_workspace_keeps_the_alias(provider):
 def test_a_pool_whose_graphs_were_all_released_refuses_a_capture(provider):
     """CUDA's allocator asserts `use_count > 0` when a capture asks for a pool id whose every graph
     was released while its memory is still in use (a held output here); the tape refuses the same
-    capture with the same kind. The GPU suite found this in the runner (`forget` of the only
-    captured size, then a capture into the old pool). On CUDA it runs in a child process: the
-    refusal is an internal assert of the allocator, and what it leaves behind must not reach the
-    other tests of this process. Nor is anything checked after it there: on an H200 the next
+    capture with the same kind. The runner would meet it on `forget` of the only captured size
+    followed by a capture into the same pool, so `forget` replaces the pool then. On CUDA it runs
+    in a child process: the refusal is an internal assert of the allocator, and what it leaves
+    behind must not reach the other tests of this process. Nor is anything checked after it there: on an H200 the next
     capture, into a new pool, then replayed a wrong value. That the runner's new pool captures and
     replays, without the assert before it, is checked on both by the recapture test below."""
     if provider.device.type != "cpu":
@@ -287,7 +287,7 @@ def test_the_runner_recaptures_after_forgetting_every_size(provider, tiny_path, 
     the runner takes a new pool, so the captures succeed and replay still equals eager."""
     from repro.islands import Model
     from repro.job.cases import default_sequence
-    from repro.lockstep.lockstep import Lockstep
+    from repro.lockstep import Lockstep
     from repro.knobs.options import Options
 
     seq = default_sequence(seed=3, steps=12)

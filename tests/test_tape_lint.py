@@ -1,4 +1,4 @@
-"""The lint is complete (issue 16 item 5): whole storages, keyword arguments, any call, a schedule."""
+"""The lint is complete: whole storages, keyword arguments, any call, a schedule."""
 from __future__ import annotations
 
 import pytest
@@ -131,7 +131,7 @@ def test_the_splitting_op_is_linted_on_a_schedule_not_only_at_first_calls(tiny_p
     from repro.graphs import make_provider
     from repro.islands import Model
     from repro.job.cases import default_sequence
-    from repro.lockstep.lockstep import Lockstep
+    from repro.lockstep import Lockstep
     from repro.knobs.options import Options, RunnerOptions
     if "test-late-writer" not in registry.providers("gated_delta_rule_decode"):
         registry.register("gated_delta_rule_decode", "test-late-writer", _late_writer)

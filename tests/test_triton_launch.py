@@ -188,7 +188,7 @@ def test_every_launch_site_goes_through_launch():
         src = p.read_text()
         assert "_kernel[" not in src, p
         n += src.count("launch(_")
-    assert n == 14
+    assert n == 16
 
 
 # ---------------------------------------------------------------- CPU with triton 3.6: the real launch path
@@ -444,8 +444,8 @@ def test_a_kernel_with_scratch_keeps_tritons_launcher(rig):
 
 
 def test_a_cpu_tensor_never_shares_a_key_with_a_cuda_one():
-    """Cached launches pass addresses, which no longer go through the C launcher's check that a
-    pointer is device memory: the key tells a CPU tensor from a CUDA one."""
+    """Cached launches pass addresses, which skip the C launcher's check that a pointer is
+    device memory: the key tells a CPU tensor from a CUDA one."""
     x = torch.zeros(64)
     cuda_like = _key(x)
     assert cuda_like[0][2] is False  # CPU tensor
@@ -470,12 +470,18 @@ SITES = {"w8a8_linear": {"_w8a8_rows_kernel", "_w8a8_kernel"},
          "rms_norm": {"_rms_norm_kernel"}, "add_rms_norm": {"_add_rms_norm_kernel"},
          "rms_norm_gated": {"_rms_norm_gated_kernel"}, "gdn_gating": {"_gating_kernel"},
          "causal_conv1d_update": {"_conv_update_kernel"}, "causal_conv1d_fn": {"_conv_fn_kernel"},
-         "gated_delta_rule_decode": {"_gdn_decode_kernel"}, "gated_delta_rule_prefill": {"_gdn_prefill_kernel"}}
+         "gated_delta_rule_decode": {"_gdn_decode_kernel"}, "gated_delta_rule_prefill": {"_gdn_prefill_kernel"},
+         "causal_conv1d_update_spec": {"_conv_spec_kernel"}, "gated_delta_rule_spec": {"_gdn_spec_kernel"}}
+
+
+def _triton_kernels():
+    """op -> (module, function) of each op's `triton` provider, as its folder declares it."""
+    from kernels import registry
+    return {op: registry.where(op, "triton") for op in registry.ops() if "triton" in registry.providers(op)}
 
 
 def test_the_sites_are_the_providers():
-    from kernels.triton_provider import KERNELS
-    assert set(SITES) == set(KERNELS) and sum(map(len, SITES.values())) == 14
+    assert set(SITES) == set(_triton_kernels()) and sum(map(len, SITES.values())) == 16
 
 
 @needs_rig
@@ -488,8 +494,7 @@ def test_every_call_site_is_cached(op, rig, monkeypatch):
     import importlib
     from triton.runtime.autotuner import Autotuner
     from kernels.samples import sample_args
-    from kernels.triton_provider import KERNELS
-    module, name, _ = KERNELS[op]
+    module, name = _triton_kernels()[op]
     mod = importlib.import_module(module)
     for k in vars(mod).values():
         if type(k) is Autotuner:
@@ -533,6 +538,8 @@ OPS = {  # op -> shapes (sample_args dims): two of test_kernels_fast's VARIANTS,
     "causal_conv1d_fn": [dict(sentinel=-1), dict(sentinel=0, B=6, S=3), dict(sentinel=0, B=3)],
     "gated_delta_rule_decode": [dict(sentinel=-1), dict(sentinel=0, B=6, S=3), dict(sentinel=0, B=3)],
     "gated_delta_rule_prefill": [dict(sentinel=-1), dict(sentinel=0, B=6, S=3), dict(sentinel=0, B=3)],
+    "causal_conv1d_update_spec": [dict(sentinel=-1), dict(sentinel=0, B=6, S=3), dict(sentinel=0, B=3, spec_k=4)],
+    "gated_delta_rule_spec": [dict(sentinel=-1), dict(sentinel=0, B=6, S=3), dict(sentinel=0, B=3, spec_k=4)],
 }
 
 
@@ -574,8 +581,7 @@ def _count_launches(monkeypatch):
     """Count the calls of `launch` made by the kernel modules (each imported it by name)."""
     import importlib
     n = [0]
-    from kernels.triton_provider import KERNELS
-    for module in sorted({m for m, _, _ in KERNELS.values()}):
+    for module in sorted({m for m, _ in _triton_kernels().values()}):
         mod = importlib.import_module(module)
         real = mod.launch
 

@@ -1,4 +1,4 @@
-"""The `vllm_xpu` adapters held to the vllm-xpu-kernels wheel they call, on the CPU (issue 21).
+"""The `vllm_xpu` adapters held to the vllm-xpu-kernels wheel they call, on the CPU.
 
 The wheel's own op schemas (`kernels.vllm_xpu_ops.SCHEMAS`, read from vllm-xpu-kernels
 0.1.16.2) are registered under test namespaces, with CPU bodies that check what the real kernels
@@ -120,7 +120,7 @@ def test_rms_norm_adapter_meets_the_contract(ns, w_dtype):
 
 
 def _uncast_rms_norm(x, w, eps, ns):
-    """The adapter before issue 21: the weight passed in its own dtype."""
+    """An adapter that passes the weight in its own dtype, uncast: what the contract must refuse."""
     flat = x.reshape(-1, x.shape[-1]).contiguous().clone()
     out = torch.empty_like(flat)
     ns.gemma_rms_norm(out, flat, w.contiguous().clone(), eps)
@@ -157,7 +157,7 @@ def test_moe_adapter_meets_the_contract_with_fixed_order_logits(ns, x_dtype, rou
     """fp32 activations tell the fixed-order sums from a library GEMM (in bf16 both round alike)."""
     args = list(moe_args(torch.Generator().manual_seed(1), T=5, H=64, E=8, I=32, Is=32, top_k=2, quantized=True))
     args[0] = args[0].to(x_dtype)
-    args[1] = args[1].to(router_dtype)  # the adapter no longer needs the router weight in x's dtype
+    args[1] = args[1].to(router_dtype)  # the adapter takes the router weight in any dtype (fixed-order logits)
     seen_gating.clear()
     out = moe_vllm_xpu(*args, ns=ns["_moe_C"])
     x, router_w = args[0], args[1]
@@ -190,7 +190,7 @@ lib.impl("gemma_rms_norm", body, "CPU")
 
 
 def test_wheel_calls_are_kernel_calls_and_their_script_finds_the_op(ns, tmp_path):
-    """The adapters call the wheel through `registry.call` (issue 15.4 for vllm-xpu-kernels): each
+    """The adapters call the wheel through `registry.call`: each
     call is recorded with inputs that repeat (no uninitialised output buffer), and a kernel
     report's script loads the op's library and finds the op by its `torch.ops` name. Here the
     library is a test one, registered by a module the script imports (as it would import

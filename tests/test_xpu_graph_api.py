@@ -1,4 +1,4 @@
-"""The XPU graph provider held to the graph APIs it calls, on the CPU (issue 21).
+"""The XPU graph provider held to the graph APIs it calls, on the CPU.
 
 - The provider's calls (`graph_cls()`, `graph_ctx(graph, pool=..., stream=...)`,
   `graph_pool_handle()`) are bound against `inspect.signature` of the real objects: torch's

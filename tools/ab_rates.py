@@ -1,6 +1,6 @@
 """Checked lockstep steps/s (device check, or `--check`) of one tree, to compare two trees on one
-machine in one call (GPU machines differ by 1.3-1.7x, so figures from two calls do not compare). A
-GPU figure for docs/BENCH.md (issue 19); not a test.
+machine in one call (GPU machines differ by 1.3-1.7x, so figures from two calls do not compare):
+how docs/BENCH.md ("Decisions") measures a change, as the ratio of the two; not a test.
 
     git archive OLD kernels repro | tar -x -C /tmp/old     # the other tree's packages
     python tools/ab_rates.py old --tree /tmp/old
@@ -8,8 +8,8 @@ GPU figure for docs/BENCH.md (issue 19); not a test.
     python tools/ab_rates.py new-old-prefill \
         --kernels all=triton,causal_conv1d_fn=torch,gated_delta_rule_prefill=reference
 
-Each case (`repro.lockrates.CASES`, real-layer checkpoint) runs once untimed (compiles, autotunes),
-then `--reps` times timed.
+Each case (`repro.bench.lockrates.CASES`, real-layer checkpoint) runs once untimed (compiles,
+autotunes), then `--reps` times timed.
 """
 import argparse
 import os

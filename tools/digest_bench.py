@@ -1,6 +1,7 @@
-"""The lockstep's per-step weight digest (`repro.stepcheck.digest_words`) against the widening
-digest it replaced, on the real layer's two int8 expert stacks (805 MB). A GPU figure for
-docs/BENCH.md; not a test.
+"""The lockstep's per-step weight digest (`repro.check.stepcheck.digest_words`: int64 words)
+against a widening digest (int32 words summed into int64), on the real layer's two int8 expert
+stacks (805 MB): device time and GB/s of each on a GPU, what checking the weights costs a step;
+not a test.
 
     python tools/digest_bench.py [--device cuda]
 """
@@ -13,7 +14,7 @@ from repro.check.stepcheck import digest_words
 
 
 def widened(t: torch.Tensor) -> torch.Tensor:
-    """The previous digest: int32 words summed into int64."""
+    """The widening digest compared against: int32 words summed into int64."""
     return t.reshape(-1).view(torch.int32).sum(dtype=torch.int64)
 
 

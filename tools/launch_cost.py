@@ -1,14 +1,14 @@
 """Host microseconds per call of one op on the decode path, layer by layer: the `repro::` op (a
-`torch.library.custom_op` before `kernels/_library.py`, a plain `Library` definition since), the
+plain `Library` definition, `kernels/_library.py`, not a `torch.library.custom_op`), the
 islands' call of it (`kernels._library.namespace`: the body without the dispatcher), the
 same body behind a plain `torch.library.Library` op of this tool's own, the provider function (which
 launches through `kernels.triton_launch.launch`), Triton's `kernel[grid](...)`, the launch cache's
 `launch(...)` (a cache hit), the compiled kernel's own launcher, and its C launcher called with
 addresses (what a cache hit calls); then the same three for the
 autotuned W8A8 decode GEMV (`_w8a8_rows_kernel`, one row); then a step's output flags, per tensor and in
-one kernel (`repro/outflags.py`), with the read that synchronises. A GPU figure for issue 19 (where an
-eager step's host time goes); not a test. The last line gives the launch cache's hit count: 0
-there means the `launch` rows measured the normal path (a fallback).
+one kernel (`repro/check/outflags.py`), with the read that synchronises. The figures of
+docs/BENCH.md section 4 (where an eager step's host time goes); not a test. The last line gives
+the launch cache's hit count: 0 there means the `launch` rows measured the normal path (a fallback).
 
     python tools/launch_cost.py [--n 5000]
 """

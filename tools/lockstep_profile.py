@@ -1,6 +1,7 @@
 """Where a checked lockstep step's host time goes: cProfile over one `repro bench --lockstep-rates`
-case (the same `lockrates.run_checked`), with the phases the lockstep measures itself, and the
-host cost of one Triton launch. A GPU figure for docs/BENCH.md (issue 19); not a test.
+case (the same `lockrates.run_checked`), or torch.profiler with `--torch-profiler`, with the
+phases the lockstep measures itself and the host cost of one Triton launch. A checked step on a
+GPU is host-bound, so this names the host calls to cut; not a test.
 
     python tools/lockstep_profile.py --device cuda --preset real-layer --kernels all=triton \
         --case chain:full --steps 200 [--top 40]

@@ -1,6 +1,7 @@
-"""Issue 20's GPU matrix: every chain stream hazard, per checkpoint and kernel selection, 10 runs
-detected (first divergent step) and 10 runs cleared by each repair, amplifier on; then each baseline
-over `--baseline-steps` amplified steps. One line per cell; exit 1 if a cell falls short.
+"""The race amplifier's GPU matrix: every chain stream hazard, per checkpoint and kernel
+selection, 10 runs detected (first divergent step) and 10 runs cleared by each repair, amplifier
+on; then each baseline over `--baseline-steps` amplified steps. One line per cell; exit 1 if a
+cell falls short.
 
     python tools/race_matrix.py --device cuda --preset tiny --kernels all=triton
     python tools/race_matrix.py --device cuda --preset real-layer --kernels default

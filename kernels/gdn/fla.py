@@ -105,6 +105,3 @@ def gated_delta_rule_prefill_fla(q, k, v, g, beta, ssm_state, query_start_loc, s
     out[span] = torch.where(valid[req][:, None, None], o, 0).to(v.dtype)
     return out
 
-
-registry.register("gated_delta_rule_decode", "fla", gated_delta_rule_decode_fla, available, group="gdn")
-registry.register("gated_delta_rule_prefill", "fla", gated_delta_rule_prefill_fla, available, group="gdn")

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels import registry
 from kernels._math import sigmoid
-from kernels._state import slot_rows, write_rows_in_order
+from kernels._state import accepted_column, slot_rows, write_rows_in_order
 from kernels.gdn.common import prepare_qk, softplus
 
 CHUNK_SIZE = 64
@@ -28,6 +27,15 @@ def gdn_gating_reference(A_log, a, dt_bias, b):
     return g, sigmoid(b.float())
 
 
+def decode_step(qf, kf, v, g, beta, S):
+    """One token, every head, fp32: qf, kf [Hv, dk] prepared, v [Hv, dv], g, beta [Hv], S [Hv, dk, dv]
+    -> (o [Hv, dv], the new S)."""
+    S = S * torch.exp(g.float())[:, None, None]
+    delta = beta.float()[:, None] * (v.float() - (kf[:, None, :] @ S)[:, 0])
+    S = S + kf[:, :, None] * delta[:, None, :]
+    return (qf[:, None, :] @ S)[:, 0], S
+
+
 def gated_delta_rule_decode_reference(q, k, v, g, beta, ssm_state, state_indices, sentinel):
     B, Hv, dv = v.shape
     valid, slot = slot_rows(state_indices, sentinel, ssm_state.shape[0])
@@ -35,11 +43,8 @@ def gated_delta_rule_decode_reference(q, k, v, g, beta, ssm_state, state_indices
     outs, news = [], []
     for b in range(B):
         S = ssm_state.index_select(0, slot[b:b + 1])[0].float()            # [Hv, dk, dv]
-        S = S * torch.exp(g[b].float())[:, None, None]
-        kb = kf[b]                                                          # [Hv, dk]
-        delta = beta[b].float()[:, None] * (v[b].float() - (kb[:, None, :] @ S)[:, 0])
-        S = S + kb[:, :, None] * delta[:, None, :]
-        outs.append((qf[b][:, None, :] @ S)[:, 0])
+        o, S = decode_step(qf[b], kf[b], v[b], g[b], beta[b], S)
+        outs.append(o)
         news.append(S)
     if B == 0:
         return torch.zeros(0, Hv, dv, dtype=v.dtype, device=v.device)
@@ -100,6 +105,34 @@ def gated_delta_rule_prefill_reference(q, k, v, g, beta, ssm_state, query_start_
     return o
 
 
-registry.register("gdn_gating", "reference", gdn_gating_reference, group="gdn")
-registry.register("gated_delta_rule_decode", "reference", gated_delta_rule_decode_reference, group="gdn")
-registry.register("gated_delta_rule_prefill", "reference", gated_delta_rule_prefill_reference, group="gdn")
+
+def gated_delta_rule_spec_reference(q, k, v, g, beta, ssm_state, state_indices, num_accepted, query_start_loc,
+                                    sentinel):
+    """Row by row, token by token (`decode_step`), from the state the row's accepted column names
+    as it was before the call; the state after token t into the slot of column t. Host values stay
+    on the device (a padding row's writes are `torch.where`s that rewrite what is there), so that
+    this provider captures in a graph too."""
+    T, Hv, dv = v.shape
+    B, n = state_indices.shape
+    o = torch.zeros(T, Hv, dv, dtype=v.dtype, device=v.device)
+    if B == 0 or T == 0:
+        return o
+    starts = query_start_loc.to(torch.int64)
+    lengths = (starts[1:] - starts[:-1]).clamp(0, n)
+    src = state_indices.gather(1, accepted_column(num_accepted, n)[:, None])[:, 0]
+    valid, src_slot = slot_rows(src, sentinel, ssm_state.shape[0])
+    valid = valid & (lengths > 0)
+    dst_valid, dst_slot = slot_rows(state_indices, sentinel, ssm_state.shape[0])      # [B, n]
+    initial = ssm_state.index_select(0, src_slot)                          # every row reads the cache as before
+    qf, kf = prepare_qk(q, k, Hv)
+    for b in range(B):
+        S = initial[b].float()
+        for t in range(n):
+            live = valid[b] & (t < lengths[b])
+            at = (starts[b] + t).clamp(0, T - 1).view(1)
+            out, S = decode_step(*(a.index_select(0, at)[0] for a in (qf, kf, v, g, beta)), S)   # past L: unused
+            o.index_copy_(0, at, torch.where(live, out.to(v.dtype), o.index_select(0, at)[0])[None])
+            dst = dst_slot[b, t:t + 1]                                     # in (row, token) order: the last wins
+            current = ssm_state.index_select(0, dst)[0]
+            ssm_state.index_copy_(0, dst, torch.where(live & dst_valid[b, t], S.to(ssm_state.dtype), current)[None])
+    return o

@@ -1,12 +1,21 @@
-"""Batched GDN decode step (`torch` provider): all rows and heads at once, no host sync."""
+"""Batched GDN steps (`torch` provider): decode, and speculative decode one token position at a
+time (1+k steps over all rows), every row and head at once, no host sync."""
 from __future__ import annotations
 
 import torch
 
-from kernels import registry
 from kernels._math import tree_sum
-from kernels._state import scatter_last_wins, slot_rows
+from kernels._state import accepted_column, scatter_last_wins, slot_rows
 from kernels.gdn.common import prepare_qk
+
+
+def decode_step(qf, kf, v, g, beta, S):
+    """One token of B rows, fp32: qf, kf [B, Hv, dk] prepared, v [B, Hv, dv], g, beta [B, Hv],
+    S [B, Hv, dk, dv] -> (o [B, Hv, dv], the new S). Sums by `tree_sum`: a row's bits do not depend on B."""
+    S = S.float() * torch.exp(g.float())[..., None, None]
+    delta = beta.float()[..., None] * (v.float() - tree_sum(kf[..., :, None] * S, -2))
+    S = S + kf[..., :, None] * delta[..., None, :]
+    return tree_sum(qf[..., :, None] * S, -2), S
 
 
 def gated_delta_rule_decode_vectorized(q, k, v, g, beta, ssm_state, state_indices, sentinel):
@@ -14,12 +23,40 @@ def gated_delta_rule_decode_vectorized(q, k, v, g, beta, ssm_state, state_indice
     valid, slot = slot_rows(state_indices, sentinel, ssm_state.shape[0])
     qf, kf = prepare_qk(q, k, Hv)                                           # [B, Hv, dk]
     old = ssm_state.index_select(0, slot)                                   # [B, Hv, dk, dv]
-    S = old.float() * torch.exp(g.float())[..., None, None]
-    delta = beta.float()[..., None] * (v.float() - tree_sum(kf[..., :, None] * S, -2))
-    S = S + kf[..., :, None] * delta[..., None, :]
-    o = torch.where(valid[:, None, None], tree_sum(qf[..., :, None] * S, -2), 0.0).to(v.dtype)
+    o, S = decode_step(qf, kf, v, g, beta, old)
     scatter_last_wins(ssm_state, slot, valid, S, old)
-    return o
+    return torch.where(valid[:, None, None], o, 0.0).to(v.dtype)
 
 
-registry.register("gated_delta_rule_decode", "torch", gated_delta_rule_decode_vectorized, group="gdn")
+def gated_delta_rule_spec_vectorized(q, k, v, g, beta, ssm_state, state_indices, num_accepted, query_start_loc,
+                                     sentinel):
+    T, Hv, dv = v.shape
+    B, n = state_indices.shape
+    if B == 0 or T == 0:
+        return torch.zeros(T, Hv, dv, dtype=v.dtype, device=v.device)
+    starts = query_start_loc.to(torch.int64)
+    lengths = (starts[1:] - starts[:-1]).clamp(0, n)
+    src = state_indices.gather(1, accepted_column(num_accepted, n)[:, None])[:, 0]
+    valid, src_slot = slot_rows(src, sentinel, ssm_state.shape[0])
+    valid = valid & (lengths > 0)
+    qf, kf = prepare_qk(q, k, Hv)                                           # [T, Hv, dk]
+    S = ssm_state.index_select(0, src_slot).float()                         # as before the call
+    outs, states = [], []
+    for t in range(n):                                                      # token t of every row (past a
+        at = (starts[:-1] + t).clamp(0, T - 1)                              # row's length: computed, not used)
+        o_t, S = decode_step(*(a.index_select(0, at) for a in (qf, kf, v, g, beta)), S)
+        outs.append(o_t)
+        states.append(S)
+
+    # token i's output: its row's position i - starts[row]
+    i = torch.arange(T, device=v.device)
+    row = torch.bucketize(i, starts[1:], right=True).clamp(max=B - 1)
+    pos = i - starts[row]
+    mine = (i >= starts[0]) & (i < starts[-1]) & (pos < lengths[row]) & valid[row]
+    o = torch.stack(outs).view(n * B, Hv, dv).index_select(0, pos.clamp(0, n - 1) * B + row)
+    # the state after token t of row b into the slot of column t, in (row, token) order
+    dst_valid, dst_slot = slot_rows(state_indices.reshape(-1), sentinel, ssm_state.shape[0])
+    live = (valid[:, None] & (torch.arange(n, device=v.device) < lengths[:, None])).reshape(-1) & dst_valid
+    new = torch.stack(states, dim=1).reshape(B * n, *ssm_state.shape[1:])
+    scatter_last_wins(ssm_state, dst_slot, live, new, ssm_state.index_select(0, dst_slot))
+    return torch.where(mine[:, None, None], o, 0.0).to(v.dtype)

@@ -14,10 +14,20 @@ import torch
 
 from kernels import registry
 from kernels._library import define
-from kernels.moe import reference, vectorized, vllm_xpu
+from kernels.availability import triton, vllm_xpu
 from kernels.moe.common import check_moe
+from kernels.registry import Source
 
 __all__ = ["moe", "moe_block"]
+
+registry.declare(__name__, "moe", {
+    "moe": {
+        "reference": Source(".reference:_provider"),
+        "torch": Source(".vectorized:moe_vectorized"),
+        "vllm_xpu": Source(".vllm_xpu:moe_vllm_xpu", vllm_xpu),
+        "triton": Source(".triton:moe", triton),
+    },
+})
 
 
 @define("moe", mutates_args=())

@@ -9,7 +9,6 @@ from contextlib import contextmanager
 
 import torch
 
-from kernels import registry
 from kernels.moe.common import (combine, dense_linear, finish, renormalized, router_probs,
                                 shared_expert, silu_and_mul)
 from kernels.w8a8_linear.quant import dequantize_output, quantize_per_token
@@ -66,7 +65,7 @@ def moe_reference(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_
 def moe_reference_routed(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w13_scale,
                          shared_w2, shared_w2_scale, shared_gate_w, top_k, renormalize):
     """`moe_reference` for the experts the batch routes to only: the same bits at a fraction of
-    the cost when E is large (the third copy at 256 experts: issue 19). W8A8 experts run grouped,
+    the cost when E is large (the third copy runs it at 256 experts). W8A8 experts run grouped,
     a few batched exact products for all of them (`_Groups`). Which experts are used is read on
     the host, so it is for eager use only (the independent third copy, `repro.reference_copy`,
     never captures)."""
@@ -133,5 +132,3 @@ def _provider(*args):
     (`moe_reference` itself stays a plain function: `repro report` copies it into scripts)."""
     return (moe_reference_routed if _ROUTED["on"] else moe_reference)(*args)
 
-
-registry.register("moe", "reference", _provider, group="moe")

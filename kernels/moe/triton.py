@@ -5,7 +5,7 @@ each (token, choice) pair's gate/up rows + SiLU-and-mul, and the shared expert's
 quantises the activations and runs the down rows of every choice (one tile of all choices'
 weights), the k-ordered combine, the shared expert's down rows and its sigmoid gate.
 Bit-identical to the reference with W8A8 experts (BF16 experts fall back to `torch`).
-Registered in `kernels/triton_provider.py`; imported on first use (needs triton).
+Declared in its folder's `__init__.py`; imported on first use (needs triton).
 """
 from __future__ import annotations
 

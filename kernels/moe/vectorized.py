@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels import registry
 from kernels.moe.common import (combine, finish, renormalized, router_probs, shared_expert,
                                 silu_and_mul)
 from kernels.w8a8_linear.quant import dequantize_output, quantize_per_token
@@ -135,5 +134,3 @@ def moe_vectorized(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared
     shared = shared_expert(x, shared_w13, shared_w13_scale, shared_w2, shared_w2_scale, int8_matmul_int_mm)
     return finish(x, routed, shared, shared_gate_w)
 
-
-registry.register("moe", "torch", moe_vectorized, group="moe")

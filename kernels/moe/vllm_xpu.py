@@ -21,7 +21,7 @@ import torch
 from kernels import registry
 from kernels.moe.common import finish, fixed_order_linear, shared_expert
 from kernels.moe.vectorized import routed_experts
-from kernels.vllm_xpu_ops import available, namespace
+from kernels.vllm_xpu_ops import namespace
 from kernels.w8a8_linear.torch_int_mm import int8_matmul_int_mm
 
 
@@ -40,5 +40,3 @@ def moe_vllm_xpu(x, router_w, w13, w13_scale, w2, w2_scale, shared_w13, shared_w
     shared = shared_expert(x, shared_w13, shared_w13_scale, shared_w2, shared_w2_scale, int8_matmul_int_mm)
     return finish(x, routed, shared, shared_gate_w)
 
-
-registry.register("moe", "vllm_xpu", moe_vllm_xpu, available, group="moe")

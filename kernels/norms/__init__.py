@@ -4,7 +4,7 @@ the sum: both returned, one launch where a provider fuses them) and `repro::rms_
 
 Both compute in fp32 and cast once at the end; `eps` is the caller's (`rms_norm_eps`, 1e-6
 for this model). Providers: `reference`; `vllm_xpu` for rms_norm (`_C.gemma_rms_norm`,
-`vllm_xpu.py`); `triton` (`triton.py`, registered by `kernels/triton_provider.py`).
+`vllm_xpu.py`); `triton` (`triton.py`).
 """
 from __future__ import annotations
 
@@ -12,9 +12,27 @@ import torch
 
 from kernels import registry
 from kernels._library import define
-from kernels.norms import reference, vllm_xpu
+from kernels.availability import triton, vllm_xpu
+from kernels.registry import Source
 
 __all__ = ["rms_norm", "add_rms_norm", "rms_norm_gated"]
+
+registry.declare(__name__, "norms", {
+    "rms_norm": {
+        "reference": Source(".reference:rms_norm_reference"),
+        # its work-group size follows the token count (`vllm_xpu.py`): a row's bits depend on the batch
+        "vllm_xpu": Source(".vllm_xpu:rms_norm_vllm_xpu", vllm_xpu, batch_invariant=False),
+        "triton": Source(".triton:rms_norm", triton),
+    },
+    "add_rms_norm": {
+        "reference": Source(".reference:add_rms_norm_reference"),
+        "triton": Source(".triton:add_rms_norm", triton),
+    },
+    "rms_norm_gated": {
+        "reference": Source(".reference:rms_norm_gated_reference"),
+        "triton": Source(".triton:rms_norm_gated", triton),
+    },
+})
 
 
 @define("rms_norm", mutates_args=())

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from kernels import registry
 from kernels._math import silu, tree_sum
 
 
@@ -25,7 +24,3 @@ def rms_norm_gated_reference(x, z, w, eps):
     normed = xf * torch.rsqrt(tree_sum(xf * xf, -1, keepdim=True) / xf.shape[-1] + eps)
     return (w.float() * normed * silu(z.float())).to(z.dtype)
 
-
-registry.register("rms_norm", "reference", rms_norm_reference, group="norms")
-registry.register("add_rms_norm", "reference", add_rms_norm_reference, group="norms")
-registry.register("rms_norm_gated", "reference", rms_norm_gated_reference, group="norms")

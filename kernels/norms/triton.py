@@ -1,6 +1,6 @@
 """`triton` provider of `repro::rms_norm`, `repro::add_rms_norm` and `repro::rms_norm_gated`: one
 kernel each; within one bf16 rounding of the reference (the mean is reduced in another order; the
-sum of `add_rms_norm` bit-identical). Registered in `kernels/triton_provider.py`; imported on first
+sum of `add_rms_norm` bit-identical). Declared in its folder's `__init__.py`; imported on first
 use (needs triton).
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, H, sx, so, eps, BH: tl.constexpr):
 
 def _rows(x):
     """`x` as contiguous rows [N, H]: `x` itself when it already is (the wrappers' host time is
-    most of a small op's: issue 19), else a reshaped (and if need be copied) view."""
+    most of a small op's), else a reshaped (and if need be copied) view."""
     return x if x.dim() == 2 and x.is_contiguous() else x.reshape(-1, x.shape[-1]).contiguous()
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from kernels import registry
-from kernels.vllm_xpu_ops import available, namespace
+from kernels.vllm_xpu_ops import namespace
 
 
 def rms_norm_vllm_xpu(x, w, eps, *, ns=None):
@@ -26,5 +26,3 @@ def rms_norm_vllm_xpu(x, w, eps, *, ns=None):
     registry.call(ns.gemma_rms_norm, out, flat, w.to(flat.dtype).contiguous().clone(), eps)
     return out.view(x.shape)
 
-
-registry.register("rms_norm", "vllm_xpu", rms_norm_vllm_xpu, available, group="norms", batch_invariant=False)

@@ -2,7 +2,7 @@
 
     y[M, N] = dequantize(quantize_per_token(x) @ w.T)      (rule and float order: `quant.py`)
 
-Providers: `reference` (exact blocked matmul), `torch` (`torch._int_mm`); bit-identical.
+Providers: `reference` (exact blocked matmul), `torch` (`torch._int_mm`), `triton`; bit-identical.
 `linear(x, lin)` runs a `repro.weights.Linear`, W8A8 or BF16.
 """
 from __future__ import annotations
@@ -10,14 +10,23 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from kernels._library import define
 import torch.nn.functional as F
 
 from kernels import registry
-from kernels.w8a8_linear import reference, torch_int_mm
+from kernels._library import define
+from kernels.availability import triton
+from kernels.registry import Source
 from kernels.w8a8_linear.quant import dequantize_output, quantize_per_token, quantize_with_scale
 
 __all__ = ["w8a8_linear", "linear", "quantize_per_token", "quantize_with_scale", "dequantize_output"]
+
+registry.declare(__name__, "w8a8", {
+    "w8a8_linear": {
+        "reference": Source(".reference:w8a8_linear_reference"),
+        "torch": Source(".torch_int_mm:w8a8_linear_int_mm"),
+        "triton": Source(".triton:w8a8_linear", triton),
+    },
+})
 
 
 def _check(x, w, w_scale, bias):

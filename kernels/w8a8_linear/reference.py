@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from kernels import registry
 from kernels.w8a8_linear.quant import dequantize_output, quantize_per_token
 
 K_BLOCK = 1024
@@ -35,5 +34,3 @@ def w8a8_linear_reference(x, w, w_scale, bias):
     x_q, x_scale = quantize_per_token(x)
     return dequantize_output(int8_matmul_exact(x_q, w), x_scale, w_scale, bias, x.dtype)
 
-
-registry.register("w8a8_linear", "reference", w8a8_linear_reference, group="w8a8")

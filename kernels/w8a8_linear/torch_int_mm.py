@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from kernels import registry
 from kernels.w8a8_linear.quant import dequantize_output, quantize_per_token
 from kernels.w8a8_linear.reference import int8_matmul_exact
 
@@ -42,5 +41,3 @@ def w8a8_linear_int_mm(x, w, w_scale, bias):
     x_q, x_scale = quantize_per_token(x)
     return dequantize_output(int8_matmul_int_mm(x_q, w), x_scale, w_scale, bias, x.dtype)
 
-
-registry.register("w8a8_linear", "torch", w8a8_linear_int_mm, group="w8a8")

@@ -1,8 +1,8 @@
 """`triton` provider of `repro::w8a8_linear`: per-token activation quantisation + int8 products
 (int32 accumulate) + the shared epilogue, one kernel. Up to 8 rows: one program per (row, output
 block), the weights read as int32 words and multiplied with `dp4a` (a GEMV); more rows: int8
-`tl.dot` tiles of 16 rows. Bit-identical to the reference. Registered in
-`kernels/triton_provider.py`; imported on first use (needs triton).
+`tl.dot` tiles of 16 rows. Bit-identical to the reference. Declared in its folder's
+`__init__.py`; imported on first use (needs triton).
 """
 from __future__ import annotations
 

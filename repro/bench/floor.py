@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import BadInput
+from kernels.moe.common import router_probs
+from kernels.moe.vectorized import topk_sorted
 
 
 def nbytes(t: torch.Tensor | None) -> int:
@@ -14,7 +16,7 @@ def nbytes(t: torch.Tensor | None) -> int:
 
 
 def linear_bytes(lin) -> int:
-    """A `repro.weights.Linear`: its weight and (W8A8) per-channel scale."""
+    """A `repro.model.weights.Linear`: its weight and (W8A8) per-channel scale."""
     return nbytes(lin.weight) + nbytes(lin.scale)
 
 
@@ -64,8 +66,6 @@ def floor_bytes(island: str, layer, head, next_norm, cache, batch: int, experts_
 
 def routed_experts_used(moe_weights, x: torch.Tensor, top_k: int) -> int:
     """Distinct experts the rows of x (the MoE's input) are routed to, by the ops' routing rule."""
-    from kernels.moe.common import router_probs
-    from kernels.moe.vectorized import topk_sorted
     with torch.inference_mode():
         _, ids = topk_sorted(router_probs(x, moe_weights.gate), top_k)
     return int(ids.unique().numel())

@@ -1,12 +1,13 @@
 """`repro bench --lockstep-rates`: checked lockstep steps/s per island and Hypothesis examples/s
-on the chosen checkpoint and device (issue 19.3), with the whole-state and weight checks on.
+on the chosen checkpoint and device, with the whole-state and weight checks on.
 
 Per case (the islands of `repro run` at baseline: `chain` piecewise and full, `submod0`,
 `submod1`, `gdn_core`, `moe`): one seeded sequence of `steps` scheduler steps (mixed prefills
 and decodes, up to 8 requests), run through the lockstep as `repro run` runs it, once with the
 device check (`check="device"`: one read per step, every state slot, every weight) and once with
-the previous host path (`check="host"`) for comparison, and once `unchecked`: the two copies alone (eager
-and replay, one synchronisation a step, nothing compared), the floor a check sits on, so what the
+the host path (`check="host"`: per-tensor comparisons on the host) for comparison, and once
+`unchecked`: the two copies alone (eager and replay, one synchronisation a step, nothing
+compared), the floor a check sits on, so what the
 check itself costs is a difference of two rows of one run. Reported: steps/s over the whole run
 (captures included) and in steady state (steps that captured nothing), and where a steady step's
 time goes (`lockstep.Phases`: eager, replay, compare, weights, read, prepare, oracle, in us and
@@ -18,10 +19,23 @@ asserts a timing.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
-TARGET_STEPS_PER_S = 300  # issue 19.4: every island, real dimensions, B <= 8, one H200
+from ..check.compare import Divergence
+from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
+from ..graphs import TapeProvider
+from ..islands import Model, Runs, kind
+from ..job.cases import Case, default_sequence, run_case
+from ..job.results import device_name
+from ..knobs import hazards as hz
+from ..control.modes import DEFAULT_MODES
+from ..lockstep import Lockstep, LockstepResult, Phases, moe_copies, run_lockstep, run_moe_lockstep
+from ..model.tiny import default_checkpoint
+from ..search.hunt import hunt
+
+TARGET_STEPS_PER_S = 300  # the target: every island, real dimensions, B <= 8, one H200
 CASES = (("chain", "piecewise"), ("chain", "full"), ("submod0", "piecewise"), ("submod1", "piecewise"),
          ("gdn_core", "full"), ("moe", "piecewise"))
 # "reference": the device check plus the independent third copy at its default cadence for the
@@ -32,15 +46,9 @@ CHECKS = ("device", "host", "reference", "unchecked")
 
 
 def run_checked(model, provider, island: str, mode: str, seq, check: str = "device", every: int | None = None):
-    """One baseline case as `job.run_case` runs it, with the lockstep's check chosen (`every`: the
+    """One baseline case as `job.cases.run_case` runs it, with the lockstep's check chosen (`every`: the
     third copy's cadence for check "reference"; None: the device's default)."""
-    from dataclasses import replace
-
-    from ..knobs import hazards as hz
-    from ..job.cases import ISLAND_MODES
-    from ..lockstep.lockstep import run_lockstep, run_moe_lockstep
-    from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
-    if island == "moe":  # the moe island has no third copy: its "reference" row is the device check
+    if kind(island).runs is Runs.ALONE:  # the moe island has no third copy: its "reference" row is the device check
         if check == "unchecked":
             return run_unchecked(provider, seq.batches(), moe=model)
         return run_moe_lockstep(model, provider, seq.batches(), check="host" if check == "host" else "device")
@@ -50,9 +58,7 @@ def run_checked(model, provider, island: str, mode: str, seq, check: str = "devi
                             default_every(provider.device) if every is None else every)
         check = "device"
     opts = hz.options_for((), ())
-    if island in ISLAND_MODES:
-        opts = replace(opts, runner=replace(opts.runner,
-                                            eager_families=opts.runner.eager_families | ISLAND_MODES[island][1]))
+    opts = replace(opts, runner=replace(opts.runner, eager_families=opts.runner.eager_families | kind(island).eager))
     make = lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=0)
     if check == "unchecked":
         return run_unchecked(provider, seq.batches(), make, mode, opts, seq.max_tokens)
@@ -66,7 +72,6 @@ def run_unchecked(provider, batches, make_copy=None, mode="piecewise", opts=None
     model, for the moe island), the next step prepared, one synchronisation. No comparison, no state
     snapshot for the oracle, no weight digest: the floor of a checked step on this machine. Timed by
     the same `Phases` (eager, replay; prepare and read on the host)."""
-    from ..lockstep.lockstep import Lockstep, LockstepResult, Phases, moe_copies
     if moe is not None:
         eager_island, runner = moe_copies(moe, provider, batches)
         ph = Phases(provider.device)
@@ -108,9 +113,6 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
     (an `islands.Model`) and `provider`. `every`: the third copy's cadences, one "reference" row
     each (default: the device's, `reference_copy.default_every`); a row says how many steps the
     third copy ran. The moe island has no third copy: one "reference" row, the device check."""
-    from ..job.cases import default_sequence
-    from ..job.results import device_name
-    from ..check.reference_copy import default_every
     every = tuple(every) if every else (default_every(provider.device),)
     log = log or (lambda s: None)
     seq = default_sequence(seed, steps, vocab=model.cfg.vocab_size)
@@ -171,8 +173,6 @@ def host_us_per_op(device, calls: int = 2000) -> float:
 
 def hunt_rate(model, provider, examples: int) -> dict:
     """Hypothesis examples/s of `repro hunt` (chain piecewise, baseline, the `ci` profile)."""
-    from ..search.hunt import hunt
-    from ..job.cases import Case, run_case
     calls = 0
 
     def check(s):
@@ -233,10 +233,10 @@ def format_rates(r: dict) -> str:
 
 
 def target_line(r: dict) -> str | None:
-    """Issue 19.4 in one line: which rows of the device check (every output, state slot and weight
+    """The target in one line: which rows of the device check (every output, state slot and weight
     digest compared) reach `TARGET_STEPS_PER_S`, the slowest host, in us a small op, on which the
     one with the most op-times still would (a rough guide: op-times carry across machines only
-    roughly), and the same count with the third copy at its cadence (item 3 measures it; the target
+    roughly), and the same count with the third copy at its cadence (measured alongside; the target
     is the device check's). None without device-check rows. The target is stated for real
     dimensions on one H200: on the CPU tape the line only reads the figures against it."""
     rows = [c for c in r["cases"] if c["check"] == "device" and c.get("op_times")]
@@ -249,7 +249,7 @@ def target_line(r: dict) -> str | None:
         return text + (" (below: " + ", ".join(f"{c['island']} {c['mode']} {_check_name(c)} {c['steady_steps_per_s']}"
                                                for c in below) + ")" if below else "")
     worst = max(rows, key=lambda c: c["op_times"])
-    line = (f"target {TARGET_STEPS_PER_S} checked steps/s (issue 19.4, the device check): {met(rows)}; the most "
+    line = (f"target {TARGET_STEPS_PER_S} checked steps/s (the device check): {met(rows)}; the most "
             f"op-times, {worst['op_times']} ({worst['island']} {worst['mode']}), reach it on hosts up to "
             f"{1e6 / (TARGET_STEPS_PER_S * worst['op_times']):.1f} us a small op")
     third = [c for c in r["cases"] if c["check"] == "reference" and c.get("op_times")]
@@ -269,18 +269,12 @@ def tiny_rates(steps: int = 60, examples: int = 20, seed: int = 0, cache=None) -
 
 
 def _tiny_rates(steps: int, examples: int, seed: int, cache=None) -> dict:
-    from ..knobs.options import MODES
-    from ..graphs import TapeProvider
-    from ..search.hunt import hunt
-    from ..islands import Model
-    from ..job.cases import Case, default_sequence, run_case
-    from ..model.tiny import default_checkpoint
 
     provider = TapeProvider("cpu")
     model = Model(default_checkpoint(cache), "cpu")
     seq = default_sequence(seed, steps, vocab=model.cfg.vocab_size)
     out: dict = {"checkpoint": "tiny (embedded)", "device": "cpu"}
-    for mode in MODES:
+    for mode in DEFAULT_MODES:
         t0 = time.perf_counter()
         r = run_case(model, provider, Case("chain", mode), seq)
         dt = time.perf_counter() - t0
@@ -294,7 +288,6 @@ def _tiny_rates(steps: int, examples: int, seed: int, cache=None) -> dict:
         r = run_case(model, provider, Case("chain", "piecewise"), s)
         if not r.diverged:
             return None
-        from ..lockstep.lockstep import Divergence
         fd = r.first_divergence
         return Divergence(fd["step"], fd["island"], fd["tensor"], fd["row"], fd["request"], fd["slot"], fd["max_abs"])
 

@@ -28,8 +28,8 @@ flushed (a 256 MiB write), so repeated calls do not read weights from L2 and bea
 
 Timing: warm-up calls, then the median of `iters` samples; CUDA events around each call on CUDA
 (synchronised before it, so host launch time counts, as it does for eager), `perf_counter`
-elsewhere. Nothing here asserts a timing; `targets()` reports the issue's two targets as met or
-not.
+elsewhere. Nothing here asserts a timing; `targets()` reports the two targets for the decode chain
+(replay within 5x of the floor, at least 10x faster than eager) as met or not.
 """
 from __future__ import annotations
 
@@ -43,12 +43,26 @@ import torch
 from ..errors import BadInput
 from .floor import floor_bytes, routed_experts_used, _MoESpy
 from .timing import Clock, copy_bandwidth, kernel_profile
+from ..control.meta import GDNMeta
+from ..control.batch import StepBatch
+from ..knobs import hazards as hz
+from ..model.config import PRESETS
+from ..io import cache_dir
+from ..model.tiny import default_checkpoint, make_tiny
+from ..islands import Model
+from ..job.results import device_name
+from .lockrates import lockstep_rates
+from .lockrates import tiny_rates
+from ..islands.moe import MoEIsland
+from ..capture.runner import GraphRunner
+from ..knobs.hazards import options_for
+from ..capture.runner import EagerRunner
 
 
 BENCH_ISLANDS = ("submod0", "gdn_core", "submod1", "moe")
 CHOICES = ("all", "chain") + BENCH_ISLANDS
 MODES = ("full", "piecewise")
-# Targets of issue 9: the decode chain at batch 1, `full` mode.
+# The targets: the decode chain at batch 1, `full` mode.
 TARGET_FLOOR_RATIO = 5.0  # replay within 5x of the bandwidth floor
 TARGET_SPEEDUP = 10.0  # replay at least 10x faster than eager
 
@@ -110,7 +124,7 @@ class BenchResult:
 
 
 def targets(rows: list[Row]) -> dict:
-    """Issue 9's targets for the decode chain at batch 1 in `full` mode (None when not measured)."""
+    """The targets for the decode chain at batch 1 in `full` mode (None when not measured)."""
     row = next((r for r in rows if r.island == "chain" and r.mode == "full" and r.batch == 1
                 and r.repair is None), None)
     if row is None:
@@ -127,7 +141,6 @@ def targets(rows: list[Row]) -> dict:
 
 def decode_meta(batch: int, device, sentinel: int = 0):
     """GDN metadata of a pure decode step: request b in slot b (+1 when slot 0 is the null block)."""
-    from ..islands.gdn import GDNMeta
     first = 1 if sentinel == 0 else 0
     return GDNMeta(query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
                    state_indices=torch.arange(first, first + batch, dtype=torch.int32, device=device),
@@ -136,7 +149,6 @@ def decode_meta(batch: int, device, sentinel: int = 0):
 
 
 def decode_batch(batch: int, token_ids: list[int], sentinel: int = 0):
-    from ..control.batch import StepBatch
     first = 1 if sentinel == 0 else 0
     slots = list(range(first, first + batch))
     return StepBatch(request_ids=list(range(batch)), slots=slots, query_lens=[1] * batch,
@@ -188,7 +200,6 @@ class Bench:
         return c
 
     def island(self, name: str, batch: int) -> Row:
-        from ..islands.moe import MoEIsland
         dev = self.provider.device
         ids = torch.tensor(_token_ids(batch, self.cfg.vocab_size, self.seed + batch), dtype=torch.long, device=dev)
         used = None
@@ -229,7 +240,6 @@ class Bench:
         return Row(name, batch, eager, replay, fus, floor_bytes=fb, experts_used=used)
 
     def chain(self, batch: int, modes=MODES) -> list[Row]:
-        from ..capture.runner import GraphRunner
         dev = self.provider.device
         tokens = _token_ids(batch, self.cfg.vocab_size, self.seed + batch)
         step = decode_batch(batch, tokens)
@@ -261,8 +271,6 @@ class Bench:
         return rows
 
     def repairs(self, batch: int, modes=MODES) -> list[Row]:
-        from ..knobs.hazards import options_for
-        from ..capture.runner import EagerRunner, GraphRunner
         tokens = _token_ids(batch, self.cfg.vocab_size, self.seed + batch)
         step = decode_batch(batch, tokens)
         rows = []
@@ -286,11 +294,10 @@ class Bench:
         return rows
 
     def amplifier(self, batch: int, mode: str, step, eager: float) -> Row:
-        """The race amplifier's cost (`race.py`): the runner's step with both stream mechanisms on
-        and correctly ordered (side-stream replay + event-wait, async copy + sync-output-copy),
-        amplified against not; `repair_cost` is their ratio. Tests pay it, serving never does."""
-        from ..knobs import hazards as hz
-        from ..capture.runner import GraphRunner
+        """The race amplifier's cost (`repro/capture/race.py`): the runner's step with both stream
+        mechanisms on and correctly ordered (side-stream replay + event-wait, async copy +
+        sync-output-copy), amplified against not; `repair_cost` is their ratio. Tests pay it,
+        serving never does."""
         races = [h for h in hz.planted(mode, True) if h.stream]  # the stream hazards of the chain
         opts = hz.options_for([h.name for h in races], [h.repairs[0] for h in races]).runner
         t = {}
@@ -305,10 +312,9 @@ class Bench:
 
 
 def applicable_repairs(mode: str, streams: bool) -> list[str]:
-    """Repairs of `hazards.py` that can run at baseline in `mode` on this provider (a repair's
-    cost is what it adds when nothing is wrong). Repairs made in the islands' own code (declaring
-    a mutation, issuing on the capture stream) change nothing at baseline: left out."""
-    from ..knobs import hazards as hz
+    """Repairs of `repro/knobs/hazards.py` that can run at baseline in `mode` on this provider (a
+    repair's cost is what it adds when nothing is wrong). Repairs made in the islands' own code
+    (declaring a mutation, issuing on the capture stream) change nothing at baseline: left out."""
     out: list[str] = []
     for h in hz.planted(mode, streams):
         for r in h.repairs:
@@ -338,9 +344,6 @@ def parse_batches(spec: str) -> list[int]:
 def checkpoint_for(preset: str, device, cache=None) -> Path:
     """The synthetic checkpoint of a preset: the embedded tiny one, or `real-layer` generated once
     (on `device`, into the cache directory)."""
-    from ..model.config import PRESETS
-    from ..io import cache_dir
-    from ..model.tiny import default_checkpoint, make_tiny
     if preset == "tiny":
         return default_checkpoint(cache)
     if preset not in PRESETS or preset == "qwen3.6-35b-a3b":
@@ -359,8 +362,6 @@ def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, rep
               hunt_examples: int = 20, reference_every=None, cache=None) -> BenchResult:
     from kernels import registry
 
-    from ..islands import Model
-    from ..job.results import device_name
     log = log or (lambda s: None)
     model = Model(checkpoint, provider.device)
     bw = copy_bandwidth(provider.device)
@@ -383,10 +384,8 @@ def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, rep
         if repairs:
             res.rows.extend(bench.repairs(b, modes))
     if lockstep_steps:
-        from .lockrates import lockstep_rates
         res.lockstep_rates = lockstep_rates(model, provider, steps=lockstep_steps, examples=hunt_examples, seed=seed,
                                             log=log, every=reference_every)
     if rates:
-        from .lockrates import tiny_rates
         res.tiny_rates = tiny_rates(seed=seed, cache=cache)
     return res

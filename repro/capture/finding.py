@@ -14,3 +14,16 @@ class Finding:
 
     def to_json(self):
         return {"kind": self.kind, "island": self.island, "detail": self.detail}
+
+
+class Notes:
+    """A runner's findings, each (kind, detail) once, in the order first seen."""
+
+    def __init__(self):
+        self.items: list[Finding] = []
+        self._seen: set = set()
+
+    def add(self, kind: str, island: str, detail: str) -> None:
+        if (kind, detail) not in self._seen:
+            self._seen.add((kind, detail))
+            self.items.append(Finding(kind, island, detail))

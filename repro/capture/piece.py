@@ -16,13 +16,7 @@ from typing import Callable
 
 import torch
 
-DEFAULT_SIZES = (1, 2, 4, 8, 16)
-
-
-def pad_size(n: int, sizes) -> int | None:
-    """The smallest capture size that holds `n` rows (None: run eagerly)."""
-    return next((s for s in sorted(sizes) if s >= n), None)
-
+from ..control.dispatch import DEFAULT_SIZES, pad_size
 
 @dataclass
 class Graph:

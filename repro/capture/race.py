@@ -33,6 +33,7 @@ import time
 
 import torch
 
+from ..graphs.poison import is_poison, poison_
 from .finding import Finding
 from ..knobs.options import RunnerOptions
 
@@ -42,32 +43,6 @@ _BUSY_ELEMS = 16 << 20  # float32 scratch of the busy loop (64 MiB: ~0.1 ms an o
 _BUSY_CAL_OPS = 20
 _BUSY_MAX_OPS = 20_000
 _rates: dict = {}  # (device type, index) -> cycles/us (CUDA) or (scratch, us an op) (busy loop)
-
-
-def poison_value(dtype: torch.dtype):
-    """The value an early read gives: NaN for floats, the minimum for integers, None for bool
-    (no value of a bool is recognisable)."""
-    if dtype.is_floating_point or dtype.is_complex:
-        return float("nan")
-    if dtype == torch.bool:
-        return None
-    return torch.iinfo(dtype).min
-
-
-def poison_(t: torch.Tensor) -> torch.Tensor:
-    """Fill `t` with its dtype's poison (in place, on the current stream for a device tensor)."""
-    v = poison_value(t.dtype)
-    if v is not None:
-        t.fill_(v)
-    return t
-
-
-def is_poison(t: torch.Tensor) -> torch.Tensor:
-    """Elementwise: holds the poison."""
-    v = poison_value(t.dtype)
-    if v is None:
-        return torch.zeros_like(t, dtype=torch.bool)
-    return torch.isnan(t) if isinstance(v, float) else t == v
 
 
 def device_delay(device, us: float) -> float:

@@ -1,310 +1,243 @@
-"""Eager and graph runners over one copy of a GDN layer's islands, mirroring vLLM's runner.
+"""Eager and graph runners over one copy of a GDN layer's islands, mirroring vLLM's V1 runner
+(`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner`) on one step:
 
-Graph runner, both modes (`docs/DESIGN.md`): capture sizes, pad a batch to the next
-size, persistent input buffers addressed by slicing (one max-size buffer for every step,
-mixed steps included), graphs captured lazily on the first step that needs a size into one
-shared pool, a warm-up run before each capture, outputs of the last piece held by weak
-reference (vLLM's `weak_ref_output`), the splitting op `gdn_core` eager between pieces in
-`piecewise`, and the whole decode chain as one graph in `full` (mixed steps run eagerly, as
-FULL_DECODE_ONLY does). Hazards and repairs change exactly one mechanism each
-(`hazards.py` describes them).
+1. `_update_states`: finished requests leave their rows, new ones take rows (`control.input_batch`);
+2. the uniform-decode decision and the dispatcher (`control.dispatch`) pick the step's runtime mode
+   (NONE, PIECEWISE, FULL) and graph key, padded to a capture size;
+3. the block table is committed and the GDN metadata builder (`control.builder`) builds the step's
+   metadata, staging its persistent buffers where its decode branches say so;
+4. the model runs: a FULL graph replays the whole decode chain over those buffers; PIECEWISE
+   replays graph 0 (submod0) and graph 1 (submod1) with the GDN core eager between them on the
+   step's metadata; NONE runs the chain eagerly at the step's own size.
+
+A dummy step (an idle data-parallel rank, `_dummy_run(1+k, uniform_decode=True)`) dispatches 1+k
+tokens as a uniform decode; only a FULL dummy run builds metadata and touches state (a PIECEWISE or
+eager one runs without GDN metadata, which the layer treats as a warm-up). Graphs are captured
+lazily on the first step that needs a key, into one shared pool, after a warm-up run; outputs of
+the last piece are held by weak reference (vLLM's `weak_ref_output`). Hazards and repairs change
+exactly one mechanism each (`knobs/hazards.py` describes them).
 """
 from __future__ import annotations
 
-import contextlib
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
+import numpy as np
 import torch
 
 from ..control.batch import StepBatch, StepInputs
-from .piece import DEFAULT_SIZES, Graph, IslandRunner, OverIslandRunner, Piece, pad_size
-from ..graphs.lint import Lint, LintSchedule
-from ..islands.gdn import GDNMeta, Submod0, Submod1
+from ..control.builder import Common, GDNMetadataBuilder, common_for
+from ..control.dispatch import DEFAULT_SIZES, BatchDescriptor, Dispatcher, uniform_decode
+from ..control.input_batch import InputBatch
+from ..control.modes import GraphMode, Runtime, parse_mode
+from ..errors import ReplayRefused
+from ..graphs.lint import LintSchedule
+from ..islands.gdn import Submod0, Submod1
 from ..islands.layer import LayerCopy, collect
-from ..knobs.options import HostCopy, Mode, Pad, RunnerOptions
-from .finding import Finding
-from .race import HostReadback, RaceLog, device_delay, is_poison, poison_
+from ..knobs.options import ControlRules, RunnerOptions
+from .buffers import StaticInputs
+from .chain import Captured, ChainCapture
+from .finding import Finding, Notes
+from .piece import Graph, IslandRunner, OverIslandRunner
+from .replay import Replayer
 
-__all__ = ["DEFAULT_SIZES", "EagerRunner", "Finding", "GraphRunner", "HostReadback", "PieceRunner", "RaceLog",
-           "pad_size"]
+
+def block_rows(batch: StepBatch, width: int, null: int) -> np.ndarray:
+    """Each request's state blocks as block-table rows `width` wide (missing columns: `null`)."""
+    rows = np.full((batch.num_reqs, width), null, dtype=np.int32)
+    for i, b in enumerate(batch.block_rows()):
+        rows[i, :min(width, len(b))] = b[:width]
+    return rows
 
 
 class EagerRunner:
-    """The reference: every island eager, exact shapes, no padding."""
+    """The reference: every island eager, exact shapes, no padding, metadata built afresh each step
+    (no persistent buffers: the builder of a runner with no FULL graph never stages)."""
 
-    def __init__(self, copy: LayerCopy):
-        self.copy = copy
+    def __init__(self, copy: LayerCopy, rules: ControlRules = ControlRules()):
+        self.copy, self.k = copy, copy.spec_tokens
+        self.builder = GDNMetadataBuilder(self.k, 1, copy.device, full_graphs=False, pad=None, rules=rules)
+
+    def meta(self, batch: StepBatch):
+        return self.builder.build(common_for(batch, block_rows(batch, 1 + self.k, self.copy.cache.sentinel)))
 
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
+        if batch.dummy:  # no metadata: the GDN layer treats the call as a warm-up, no state changes
+            return {}
         c = self.copy
         c.set_context(batch.num_tokens)
         d = batch.on(c.device)  # from the batch's prepared host buffer: no stream sync
         with torch.inference_mode():
-            o0, core, o1 = c.chain(d.ids, d.meta)
+            o0, core, o1 = c.chain(d.ids, self.meta(batch))
             ids = c.head(hidden=o1["hidden"])["token_ids"]
         return collect(o0, o1, ids, batch.num_tokens, core)
 
 
-@dataclass
-class _Captured:
-    """The chain's graphs at one size: one piece in `full`, two (graph 0, graph 1) in `piecewise`,
-    None where a family runs eagerly."""
-    size: int
-    pieces: list = field(default_factory=list)  # Graph or None, per piece
-    ins1: dict | None = None  # submod1's static inputs when they are not graph 0's outputs
-    owned0: dict | None = None  # clone-outputs: runner-owned copies of graph 0's outputs
-    watched: dict = field(default_factory=dict)  # python attributes at capture
-    frozen: dict = field(default_factory=dict)  # forward-context values read during capture
-    step: int = 0
-
-
 class GraphRunner:
-    """The replay copy's runner (module docstring). `opts` (from `hazards.options_for`) says how it
-    pads, holds, copies, pools, replays and reads back; nothing here reads a hazard's name."""
+    """The replay copy's runner (module docstring). `mode`: a vLLM graph mode (`control.modes`,
+    resolved for GDN); `opts` (from `hazards.options_for`) says how it pads, holds, copies, pools,
+    replays and reads back, `rules` how its control path decides; nothing here reads a hazard's
+    name. Its parts: the persistent batch (`InputBatch`), the dispatcher, the metadata builder, the
+    persistent inputs (`StaticInputs`), the capture of each key (`ChainCapture`) and the replay and
+    host read (`Replayer`)."""
 
-    def __init__(self, copy: LayerCopy, provider, mode: str = "piecewise", sizes=DEFAULT_SIZES,
-                 opts: RunnerOptions = RunnerOptions(), max_tokens: int = 64, stream=None):
-        self.copy, self.provider, self.mode = copy, provider, Mode(mode)
-        self.sizes, self.opts = tuple(sorted(sizes)), opts
-        self.sentinel = copy.cache.sentinel
-        dev = copy.device
-        n = max(max_tokens, max(self.sizes))
-        # Persistent buffers, sliced per step (vLLM's input_ids / state-index buffers).
-        self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
-        self.token_slot = torch.full((n,), self.sentinel, dtype=torch.int32, device=dev)
+    def __init__(self, copy: LayerCopy, provider, mode: str | GraphMode = "piecewise", sizes=DEFAULT_SIZES,
+                 opts: RunnerOptions = RunnerOptions(), max_tokens: int = 64, stream=None,
+                 rules: ControlRules = ControlRules(), max_num_seqs: int = 8):
+        self.copy, self.provider, self.opts, self.rules = copy, provider, opts, rules
+        self.mode = mode if isinstance(mode, GraphMode) else parse_mode(mode)
+        self.k, self.sentinel = copy.spec_tokens, copy.cache.sentinel
+        self.dispatcher = Dispatcher(self.mode, sizes, self.k, max_num_seqs)
+        self.sizes = self.dispatcher.sizes
+        top = max(self.sizes, default=1)
+        rows = max(max_num_seqs, top)
+        self.input_batch = InputBatch(rows, 1 + self.k, self.sentinel, rules)
+        self.inputs = StaticInputs(max(max_tokens, top), copy.device, self.sentinel)
+        self.builder = GDNMetadataBuilder(self.k, rows, copy.device, full_graphs=self.mode.has(Runtime.FULL),
+                                          pad=self.inputs.pad_value(opts.pad), rules=rules)
         self.pool = provider.new_pool("shared")
-        self.captured: dict[int, _Captured] = {}
-        self._findings: list[Finding] = []
-        self.replays = 0
-        self.captures = 0
-        self.stream = stream
-        self._host: HostReadback | None = None
-        self._noted: set = set()
-        self._side = None  # side stream of a side-stream replay
-        self._side_race = RaceLog(
-            "the main stream read graph outputs before the side-stream replay that writes them landed",
-            f"outputs poisoned with NaN on the main stream before each replay, the side stream delayed "
-            f"{opts.amplify_us:g} us by device work queued before the replay")
-        self._amplified = False  # this step replayed on a delayed side stream
-        self._producer_start = None  # timed event before this step's last delayed replay
-        self._step = -1  # the step being run (what the race logs report)
+        self.captured: dict[BatchDescriptor, Captured] = {}
+        self.notes = Notes()
+        self.capturer = ChainCapture(copy, provider, self.inputs, lambda: self.opts, self.notes,
+                                     lambda: self.pool, stream)
+        self.player = Replayer(provider, lambda: self.opts, self.notes)
         self._lint = LintSchedule(opts.lint_every)  # when the eager splitting op is linted
+        self.last: tuple[Runtime, BatchDescriptor] | None = None  # the last step's dispatch
         for isl in copy.islands():
             isl.escape = provider.escape
 
-    def _piece(self, pool=None, weak: bool = False) -> Piece:
-        return Piece(self.provider, pool or self.pool, weak=weak, warmup=self._linted, stream=self.stream,
-                     relaxed=self.opts.relaxed_capture)
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return self.inputs.input_ids
 
-    # ---- static buffers -------------------------------------------------------------------
-    def _pad_value(self) -> int:
-        if self.opts.pad is Pad.OTHER:
-            return 0 if self.sentinel != 0 else -1
-        return self.sentinel
+    @property
+    def captures(self) -> int:
+        return self.capturer.captures
 
-    def _fill(self, batch: StepBatch, size: int, d: StepInputs) -> None:
-        n = batch.num_tokens
-        self.input_ids[:n].copy_(d.ids)
-        self.token_slot[:n].copy_(d.token_slots)
-        if size > n and self.opts.pad is not Pad.STALE:
-            # nano-vllm's `slot_mapping.fill_(-1)`: padded rows carry the kernel's sentinel.
-            self.input_ids[n:size].zero_()
-            self.token_slot[n:size].fill_(self._pad_value())
-
-    # ---- capture --------------------------------------------------------------------------
-    def _graphable(self, batch: StepBatch) -> int | None:
-        size = pad_size(batch.num_tokens, self.sizes)
-        if size is None:
-            return None
-        if self.mode is Mode.FULL and not batch.uniform_decode:
-            return None
-        return size
-
-    def _decode_meta(self, size: int) -> GDNMeta:
-        return GDNMeta(query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=self.copy.device),
-                       state_indices=self.token_slot[:size], has_initial_state=None,
-                       num_decodes=size, num_tokens=size)
-
-    @contextlib.contextmanager
-    def _protect_state(self):
-        """Warm-up and capture run the ops on the tape (and warm-up everywhere): keep the state
-        caches as they were, as a capture on dummy slots would."""
-        saved = {k: v.clone() for k, v in self.copy.gdn_core.state().items()}
-        try:
-            yield
-        finally:
-            for k, v in self.copy.gdn_core.state().items():
-                v.copy_(saved[k])
-
-    def _watch(self):
-        return {isl.name: isl.watched() for isl in self.copy.islands()}
-
-    def _capture(self, size: int, batch: StepBatch) -> _Captured:
-        c = self.copy
-        cap = _Captured(size, step=batch.step)
-        before = self._watch()
-        c.ctx.reads.clear()
-        self.captures += 1
-        with torch.inference_mode():
-            if self.mode is Mode.FULL:
-                self._capture_full(cap)
-            else:
-                self._capture_piecewise(cap)
-        after = self._watch()
-        for name in before:
-            for k, v in after[name].items():
-                if before[name].get(k, v) != v:
-                    self._note("python-state", name, f"{name}.{k} was {before[name].get(k)!r}, set to {v!r} "
-                               f"during capture of size {size}: the graph freezes it")
-        cap.watched = after
-        if self.mode is Mode.PIECEWISE:
-            self._alias_map(cap)
-        ctx = c.ctx.values()
-        cap.frozen = {k: ctx.get(k) for k in c.ctx.reads}
-        return cap
-
-    def _capture_full(self, cap: _Captured) -> None:
-        c, ids, meta = self.copy, self.input_ids[:cap.size], self._decode_meta(cap.size)
-
-        def chain():
-            o0, _, o1 = c.chain(ids, meta)
-            return {**o0, **o1}
-        with self._protect_state():
-            cap.pieces = [self._piece(weak=True).capture(chain)]
-
-    def _capture_piecewise(self, cap: _Captured) -> None:
-        c, eager = self.copy, self.opts.eager_families
-        ids = self.input_ids[:cap.size]
-        g0 = None
-        if "submod0" not in eager:
-            # graph 0's outputs feed graph 1: held strongly (vLLM), or weakly under shared-pool-weakref
-            g0 = self._piece(weak=self.opts.weak_first_output).capture(lambda: c.submod0(input_ids=ids))
-        cap.pieces.append(g0)
-        o0 = g0.outputs if g0 is not None else c.submod0(input_ids=ids)
-        clone = self.opts.clone_outputs and g0 is not None
-        if clone:
-            # Runner-owned copies of graph 0's outputs, outside the pool, filled after each
-            # replay: whoever holds graph 0's outputs holds these, not pool memory.
-            cap.owned0 = {k: v.clone() for k, v in o0.items() if k != "core_out"}
-        ins = {k: o0[k] for k in Submod1.inputs}
-        if g0 is None or clone:
-            # graph 1 reads runner-owned buffers filled each step: out of the pool, and apart
-            # from what holders of graph 0's outputs see
-            ins = {k: v.clone() for k, v in ins.items()}
-            cap.ins1 = ins
-        if "submod1" in eager or "moe" in eager:
-            cap.pieces.append(None)
-            cap.ins1 = ins
-            return
-        pool1 = self.provider.new_pool("private") if self.opts.private_pool else None
-        cap.pieces.append(self._piece(pool1, weak=True).capture(lambda: c.submod1(**ins)))
-
-    def _alias_map(self, cap: _Captured) -> None:
-        """Graph 0's outputs are held until the end of the step (the splitting op and the caller
-        read them); report bytes of them that graph 1's replay writes."""
-        g0, g1 = cap.pieces
-        if g0 is None:
-            return
-        held = {k: _span(v) for k, v in g0.outputs.items()}
-        writes = list(self.provider.written_spans(g1.graph)) if g1 is not None else []
-        writes += [_span(v) for v in (g1.outputs if g1 is not None else {}).values()]
-        for k, (a, b) in held.items():
-            if any(a < y and x < b for x, y in writes):
-                self._note("alias", "submod1", f"size {cap.size}: graph 1's replay writes bytes that hold graph 0's "
-                           f"output `{k}`, which the splitting op and the caller still read")
-
-    def _linted(self, fn):
-        lint = Lint("the piece", self.copy.gdn_core.state())
-        with lint:
-            out = fn()
-        for kind, detail in lint.problems:
-            self._note(kind, "lint", detail)
-        return out
-
-    def _note(self, kind, island, detail):
-        if (kind, detail) not in self._noted:
-            self._noted.add((kind, detail))
-            self._findings.append(Finding(kind, island, detail))
+    @property
+    def replays(self) -> int:
+        return self.player.replays
 
     @property
     def findings(self) -> list[Finding]:
         """What the runner noted, then what the race amplifier forced (read from the device here)."""
-        races = [log.finding() for log in (self._side_race, self._host.log if self._host else None) if log]
-        return self._findings + [f for f in races if f is not None]
+        return self.notes.items + self.player.findings()
 
-    # ---- step -----------------------------------------------------------------------------
-    def _ready(self, batch: StepBatch, d: StepInputs) -> _Captured | None:
-        """Fill the static buffers, set the forward context and capture this size if needed;
-        None: the step runs eagerly."""
+    # ---- the control path -------------------------------------------------------------------
+    def dispatch(self, batch: StepBatch) -> tuple[Runtime, BatchDescriptor]:
+        """The step's runtime mode and graph key (`_determine_batch_execution_and_padding`)."""
+        if batch.dummy:  # `_dummy_run(1+k, uniform_decode=True)`: the uniform flag is forced
+            return self.dispatcher.dispatch(1 + self.k, True)
+        uniform = uniform_decode(self.rules.uniform_decode, batch.query_lens, batch.is_prefilling(), self.k)
+        return self.dispatcher.dispatch(batch.num_tokens, uniform)
+
+    def graphable(self, batch: StepBatch) -> int | None:
+        """The token count this step replays at; None: it runs eagerly."""
+        runtime, desc = self.dispatch(batch)
+        return None if runtime is Runtime.NONE else desc.num_tokens
+
+    def _update_states(self, batch: StepBatch) -> None:
+        self.input_batch.update(list(zip(batch.request_ids, batch.block_rows())))
+
+    def _metadata(self, batch: StepBatch, runtime: Runtime, desc: BatchDescriptor):
+        """Commit the block table and build (and, where the builder's rules say, stage) the metadata."""
+        ib = self.input_batch
+        ib.commit(ib.num_rows)
+        rows = ib.rows(batch.request_ids)
+        pad_rows = desc.num_reqs - batch.num_reqs if runtime is Runtime.FULL else 0
+        blocks = np.concatenate((rows, np.full((pad_rows, rows.shape[1]), self.sentinel, dtype=np.int32)))
+        size = desc.num_tokens if runtime is Runtime.FULL else batch.num_tokens
+        return self.builder.build(common_for(batch, blocks, pad_rows, size))
+
+    def _capture_meta(self, desc: BatchDescriptor):
+        """`build_for_cudagraph_capture` over all-zero (null) block-table rows, as at capture."""
+        q = np.full(desc.num_reqs, desc.num_tokens // desc.num_reqs, dtype=np.int32)
+        blocks = np.full((desc.num_reqs, 1 + self.k), self.sentinel, dtype=np.int32)
+        return self.builder.build_for_capture(Common(q, q, q > 0, q - 1, q, blocks, desc.num_tokens))
+
+    # ---- one step ---------------------------------------------------------------------------
+    def _entry(self, runtime: Runtime, desc: BatchDescriptor, step: int) -> Captured:
+        """The graphs of this key, captured now if needed (or again when a forward-context value they
+        froze has changed and `recapture` says so)."""
         c = self.copy
-        size = self._graphable(batch)
-        self._fill(batch, size or batch.num_tokens, d)
-        c.set_context(batch.num_tokens)
-        if size is None:
-            return None
-        cap = self.captured.get(size)
+        cap = self.captured.get(desc)
         if cap is not None and cap.frozen:
             now = c.ctx.values()
             changed = {k: (v, now.get(k)) for k, v in cap.frozen.items() if now.get(k) != v}
             if changed:
-                self._note_frozen(size, changed)
+                self._note_frozen(desc, changed)
                 if self.opts.recapture:
                     cap = None
         if cap is None:
-            cap = self.captured[size] = self._capture(size, batch)
+            meta = self._capture_meta(desc) if runtime is Runtime.FULL else None
+            cap = self.captured[desc] = self.capturer.capture(runtime, desc, meta, step)
         return cap
 
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
         c = self.copy
+        self._update_states(batch)
+        runtime, desc = self.last = self.dispatch(batch)
+        if batch.dummy:
+            self._dummy_run(runtime, desc, batch.step)
+            return {}
+        if runtime is Runtime.FULL and self.rules.assert_full_past_prompt and any(batch.is_prefilling()):
+            raise ReplayRefused(f"step {batch.step}: a FULL graph ({desc}) was dispatched for a batch with a request "
+                                "still in its prompt (the replay-side assertion)")
         d = batch.on(c.device)  # this copy's own inputs, one copy from the batch's host buffer
-        cap = self._ready(batch, d)
-        if cap is None:
-            return self._eager_step(batch, d)
         n = batch.num_tokens
-        self._step, self._amplified, self._producer_start = batch.step, False, None
+        size = desc.num_tokens if runtime is not Runtime.NONE else n
+        self.inputs.fill(n, size, d.ids, self.opts.pad)
+        c.set_context(n)
+        cap = self._entry(runtime, desc, batch.step) if runtime is not Runtime.NONE else None
+        meta = self._metadata(batch, runtime, desc)
+        if cap is None:
+            return self._eager_step(batch, meta)
+        self.player.begin_step()
         with torch.inference_mode():
-            if self.mode is Mode.FULL:
-                o = self._replay(cap.pieces[0])
+            if runtime is Runtime.FULL:
+                o = self.player.replay(cap.pieces[0])
                 held = {k: o[k] for k in Submod0.outputs}
                 o1 = {k: o[k] for k in Submod1.outputs}
                 fresh = None
             else:
-                held, fresh, o1 = self._step_piecewise(cap, batch, d)
-            o1 = self._consume(o1)
+                held, fresh, o1 = self._step_piecewise(cap, batch, meta)
+            o1 = self.player.read(o1, batch.step)
             ids = c.head(hidden=o1["hidden"][:n])["token_ids"]
-            out = collect(held, o1, ids, n, fresh)
-            if self._amplified:
-                # The consumer reads now: snapshot what it sees, so the comparison and the race flag
-                # judge the same bytes (views would be read later in the queue, when a racing
-                # side-stream replay may have landed: detection would depend on timing again).
-                out = {k: v.clone() for k, v in out.items()}
-                # what the step hands back holds the poison: a consumer read before a replay landed
-                # (flagged on the consumer's stream, after its reads; no synchronisation here)
-                floats = [is_poison(v).any() for v in out.values() if v.is_floating_point()]
-                self._side_race.hit_device(batch.step, torch.stack(floats).any())
-                timed = getattr(self.provider, "timed_event", None)
-                if timed is not None and self._producer_start is not None:
-                    read = timed()
-                    read.record()
-                    self._side_race.order_device(batch.step, read, self._producer_start)
-        return out
+            return self.player.check(batch.step, collect(held, o1, ids, n, fresh))
 
-    def _step_piecewise(self, cap: _Captured, batch: StepBatch, d: StepInputs):
+    def _dummy_run(self, runtime: Runtime, desc: BatchDescriptor, step: int) -> None:
+        """`_dummy_run(1+k, uniform_decode=True)`: in FULL, commit the block table for the padded rows
+        (`ControlRules.dummy_commits_block_table`), build the metadata as for capture, re-staging the
+        builder's buffers from those rows (`dummy_restages`; else they keep the last real step's),
+        and replay. Its outputs are discarded."""
+        if runtime is not Runtime.FULL:
+            return
+        ib = self.input_batch
+        if self.rules.dummy_commits_block_table:
+            ib.commit(desc.num_reqs)
+        cap = self._entry(runtime, desc, step)
+        if self.rules.dummy_restages:
+            q = np.zeros(desc.num_reqs, dtype=np.int32)
+            q[0] = 1 + self.k
+            blocks = ib.committed[:desc.num_reqs]
+            self.builder.build_for_capture(Common(q, q, q > 0, q - 1, q, blocks, desc.num_tokens))
+        with torch.inference_mode():
+            self.player.replay(cap.pieces[0])
+
+    def _step_piecewise(self, cap: Captured, batch: StepBatch, meta):
         c, n, size = self.copy, batch.num_tokens, cap.size
-        o0 = self._run_piece(cap.pieces[0], lambda: c.submod0(input_ids=self.input_ids[:size]))
+        o0 = self._run_piece(cap.pieces[0], lambda: c.submod0(input_ids=self.inputs.input_ids[:size]))
         self.clear_core_out(o0, size)
         held = o0
         if cap.owned0 is not None:
             for k, v in cap.owned0.items():
                 v.copy_(o0[k])
             held = {**o0, **cap.owned0}
-        meta = d.meta
         kind = (batch.num_decodes > 0, batch.num_tokens > batch.num_decodes)
         core = (lambda: c.core(o0, meta, n))
-        fresh = self._linted(core) if self._lint.due(kind, batch.step) else core()
+        fresh = self.capturer.linted(core) if self._lint.due(kind, batch.step) else core()
         if fresh.data_ptr() != o0["core_out"].data_ptr():
-            self._note("alias", "gdn_core", "gdn_core returned a fresh tensor, not the core_out buffer graph 1 "
-                       "captured: graph 1 reads the stale buffer unless the fresh tensor is copied into it")
+            self.notes.add("alias", "gdn_core", "gdn_core returned a fresh tensor, not the core_out buffer graph 1 "
+                           "captured: graph 1 reads the stale buffer unless the fresh tensor is copied into it")
             if self.opts.copy_inputs:
                 o0["core_out"][:n].copy_(fresh)
         ins = cap.ins1
@@ -320,12 +253,12 @@ class GraphRunner:
 
     @staticmethod
     def clear_core_out(o0: dict, size: int) -> None:
-        """Issue 16.4, pad rows deterministic. vLLM allocates the GDN output buffer with
-        `torch.zeros`; Submod0 allocates it with `torch.empty`, so the rows the splitting op does
-        not write (the pad rows graph 1 reads, or every row when it returns a fresh tensor) held
-        whatever the pool or allocator left there, NaN included, and a fault that mixes rows was
-        caught on some runs only. Zeroed after graph 0, before the splitting op writes its rows,
-        a run is a pure function of its seed. (Additive hook owned by the oracle branch.)"""
+        """Pad rows deterministic. vLLM allocates the GDN output buffer with `torch.zeros`; Submod0
+        allocates it with `torch.empty`, so the rows the splitting op does not write (the pad rows
+        graph 1 reads, or every row when it returns a fresh tensor) would hold whatever the pool or
+        allocator left there, NaN included, and a fault that mixes rows would be caught on some runs
+        only. Zeroed after graph 0, before the splitting op writes its rows, a run is a pure
+        function of its seed."""
         o0["core_out"][:size].zero_()
 
     def set_options(self, **changes) -> None:
@@ -336,92 +269,57 @@ class GraphRunner:
         """Drop the graphs of one capture size: the next step of that size captures it again. With
         no graph left the pool is replaced: a capture into a pool whose every graph was released
         fails CUDA's allocator assert (`graphs.refusals.RELEASED_POOL_PHRASE`)."""
-        self.captured.pop(size, None)
+        for desc in [d for d in self.captured if d.num_tokens == size]:
+            del self.captured[desc]
         if not self.captured:
             self.pool = self.provider.new_pool("shared")
 
     def replayer(self, batch: StepBatch):
-        """A callable that replays this batch's captured size as a step would, without refilling
-        the inputs or reading the outputs (what `repro bench` times). Captures it if needed."""
-        cap = self._ready(batch, batch.on(self.copy.device))
-        if cap is None:
+        """A callable that replays this batch's graphs as a step would, without refilling the inputs
+        or reading the outputs (what `repro bench` times). Captures them if needed."""
+        self._update_states(batch)
+        runtime, desc = self.dispatch(batch)
+        if runtime is Runtime.NONE:
             raise ValueError(f"a step of {batch.num_tokens} tokens runs eagerly in {self.mode} mode")
-        if self.mode is Mode.FULL:
+        self.inputs.fill(batch.num_tokens, desc.num_tokens, batch.on(self.copy.device).ids, self.opts.pad)
+        self.copy.set_context(batch.num_tokens)
+        cap = self._entry(runtime, desc, batch.step)
+        meta = self._metadata(batch, runtime, desc)
+        if runtime is Runtime.FULL:
             return cap.pieces[0].graph.replay
-        c, meta = self.copy, self._decode_meta(cap.size)
-        g0, g1 = cap.pieces
+        c, (g0, g1) = self.copy, cap.pieces
 
         def replay():
             o0 = g0.replay()
-            c.core(o0, meta)
+            c.core(o0, meta, batch.num_tokens)
             g1.replay()
         return replay
 
-    def _note_frozen(self, size, changed):
+    def pad_state_indices(self, batch: StepBatch) -> list[int] | None:
+        """What the persistent state-index buffer holds in this step's padded rows (a FULL step), as
+        its replay read them: the null block when padding is sanitised, stale entries otherwise."""
+        if self.last is None or self.last[0] is not Runtime.FULL or batch.dummy:
+            return None
+        n, rows = batch.num_reqs, self.last[1].num_reqs
+        buf = self.builder.spec_state_indices[:, 0] if self.k else self.builder.non_spec_state_indices
+        return buf[n:rows].tolist()
+
+    def _note_frozen(self, desc, changed):
         for k, (was, now) in changed.items():
-            self._note("python-state", "forward-context",
-                       f"{k} was {was!r} when size {size} was captured and differs at a later replay: "
-                       "forward read it during capture, so replay uses the frozen value")
+            self.notes.add("python-state", "forward-context",
+                           f"{k} was {was!r} when {desc} was captured and differs at a later replay: "
+                           "forward read it during capture, so replay uses the frozen value")
 
     def _run_piece(self, piece: Graph | None, eager):
-        return eager() if piece is None else self._replay(piece)
+        return eager() if piece is None else self.player.replay(piece)
 
-    def _replay(self, piece: Graph) -> dict:
-        self.replays += 1
-        if not self.opts.side_stream:
-            return piece.replay()
-        p = self.provider
-        main = p.current_stream()
-        if self._side is None:
-            self._side = p.new_stream()
-        if self.opts.amplify:
-            # Race amplifier (`race.py`): a read of these outputs before the replay lands gives the
-            # poison, not last step's values. On the main stream, so the side stream's wait below
-            # orders the replay's writes after it; every output is rewritten by the replay (or, in
-            # piecewise, `core_out` by the main stream after it: `clear_core_out`).
-            for v in piece.outputs.values():
-                poison_(v)
-            self._amplified = True
-        self._side.wait_stream(main)  # inputs were written on the main stream
-        with p.stream(self._side):
-            if self.opts.amplify:
-                # device work queued ahead of the replay: the main stream's consumers, issued
-                # microseconds later, run first on every step unless an event orders them after it
-                device_delay(p.device, self.opts.amplify_us)
-                timed = getattr(p, "timed_event", None)
-                if timed is not None:  # the last replay's start: the race log confirms the order with it
-                    self._producer_start = timed()
-                    self._producer_start.record(self._side)
-            out = piece.replay()
-        if self.opts.event_wait:
-            ev = p.new_event()
-            ev.record(self._side)
-            main.wait_event(ev)
-        else:
-            self._note("stream", "runner", "graphs replay on a side stream and their outputs are read on the main "
-                       "stream with no event between them")
-        return out
-
-    def _consume(self, out):
-        """How the host reads the last piece's outputs (stream hazards live here: `HostReadback`)."""
-        if self.opts.host_copy is HostCopy.DIRECT:
-            return out
-        if self._host is None:
-            self._host = HostReadback(self.provider, self.opts.host_copy is HostCopy.ASYNC_SYNCED,
-                                      self.opts.amplify, self.opts.amplify_us)
-        return self._host.read(out, self._step)
-
-    def _eager_step(self, batch: StepBatch, d: StepInputs):
+    def _eager_step(self, batch: StepBatch, meta):
         c = self.copy
         n = batch.num_tokens
         with torch.inference_mode():
-            o0, core, o1 = c.chain(self.input_ids[:n], d.meta)
+            o0, core, o1 = c.chain(self.inputs.input_ids[:n], meta)
             ids = c.head(hidden=o1["hidden"])["token_ids"]
         return collect(o0, o1, ids, n, core)
-
-
-def _span(t: torch.Tensor) -> tuple[int, int]:
-    return t.data_ptr(), t.data_ptr() + max(t.numel(), 1) * t.element_size()
 
 
 class PieceRunner(OverIslandRunner):
@@ -436,3 +334,6 @@ class PieceRunner(OverIslandRunner):
     def step(self, token_ids: list[int]) -> dict[str, torch.Tensor]:
         out, n = self.runner.run(token_ids)
         return {f"{self.island.name}.{k}": v[:n].clone() for k, v in out.items()}
+
+
+__all__ = ["EagerRunner", "GraphRunner", "PieceRunner", "block_rows", "StepInputs"]

@@ -35,8 +35,11 @@ def digest(t) -> str:
     return hashlib.sha1(json.dumps(t, sort_keys=True).encode()).hexdigest()[:12]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Divergence:
+    """Where two copies first differ, and (once classified) what kind of difference it is. Frozen:
+    compare makes it, the oracle classifies it and the lockstep annotates it, each with `replace`."""
+
     step: int
     island: str
     tensor: str
@@ -278,6 +281,11 @@ def compare_outputs(batch, a: dict, b: dict, names=("eager", "replay")) -> Diver
     return None
 
 
+def block_owner(batch, block: int):
+    """The request of this step holding state block `block` (None: no request of the step does)."""
+    return next((r for r, blocks in zip(batch.request_ids, batch.block_rows()) if block in blocks), None)
+
+
 def compare_slots(batch, a: dict, b: dict, slots, island: str = "gdn_core",
                   names=("eager", "replay")) -> Divergence | None:
     """The first state tensor and slot (of `slots`) that differs between two copies' caches."""
@@ -285,16 +293,20 @@ def compare_slots(batch, a: dict, b: dict, slots, island: str = "gdn_core",
         tb = b[name]
         for slot in slots:
             if not same(ta[slot], tb[slot]):
-                rid = next((r for r, s in zip(batch.request_ids, batch.slots) if s == slot), None)
+                rid = block_owner(batch, slot)
                 return Divergence(batch.step, island, name, None, rid, slot, max_abs(ta[slot], tb[slot]),
                                   nonfinite=nonfinite_side(ta[slot], tb[slot], names))
     return None
 
 
 def compare_step(batch, eager_out: dict, replay_out: dict, eager, replay) -> Divergence | None:
-    """Every island output (live rows), then the state rows of touched and live slots."""
+    """Every island output (live rows), then the state rows of touched and live blocks (every block
+    after a dummy run, whose writes go wherever the rows it read point)."""
     div = compare_outputs(batch, eager_out, replay_out)
     if div is not None:
         return div
-    slots = sorted(set(batch.slots) | set(batch.live_slots))
+    if batch.dummy:
+        slots = range(eager.cache.conv.shape[0])
+    else:
+        slots = sorted({b for blocks in batch.block_rows() for b in blocks} | set(batch.live_slots))
     return compare_slots(batch, eager.cache.tensors(), replay.cache.tensors(), slots)

@@ -22,16 +22,12 @@ the kernel's own noise), so later steps are judged afresh and planted hazards st
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from .compare import (BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM, Divergence, compare_outputs,
+from .compare import (block_owner, BATCH_VARIANCE, CORRUPTION, GRAPH_HAZARD, NONDETERMINISM, Divergence, compare_outputs,
                       first_row, magnitude, max_abs, nonfinite_side, ordered, row_owner, same, summaries)
-from ..capture.piece import pad_size
-from ..islands.gdn import GDNMeta
-from .kernelcase import locate
-from ..islands.layer import LayerCopy, collect
-from ..knobs.options import Mode
-from ..capture.runner import EagerRunner
 
 # ---- calibrated bounds ----------------------------------------------------------------------
 # Every float tensor the chain compares is computed from bf16 activations (embedding rows, bf16
@@ -70,8 +66,7 @@ def _locate(batch, key: str, a: torch.Tensor, b: torch.Tensor) -> tuple:
     """(row, request, slot) of the first difference: token rows for outputs, slots for state."""
     row = first_row(a, b)
     if key.endswith("_state"):
-        rid = next((r for r, s in zip(batch.request_ids, batch.slots) if s == row), None)
-        return None, rid, row
+        return None, block_owner(batch, row), row
     return (row, *row_owner(batch, row))
 
 
@@ -265,159 +260,28 @@ def decide(batch, div: Divergence, eager: dict, replay: dict, exact: tuple, padd
     if noise:
         bad = corruption(batch, eager, replay, ("eager", "replay"), noise, logits)
         if bad is not None:
-            bad.reason += "; the kernel is also nondeterministic on identical inputs"
-            return bad
+            return replace(bad, reason=bad.reason + "; the kernel is also nondeterministic on identical inputs")
         worst = max(noise, key=noise.get)
-        div.kind, div.reason = NONDETERMINISM, (f"the same eager call on identical inputs differs "
-                                                f"(first in {worst}, by up to {noise[worst]:.3g})")
-        return div
+        return replace(div, kind=NONDETERMINISM, reason=f"the same eager call on identical inputs differs "
+                                                        f"(first in {worst}, by up to {noise[worst]:.3g})")
     hz = compare_outputs(batch, ref, replay, ("padded eager", "replay"))
     if hz is not None:
-        div.kind = GRAPH_HAZARD
         shape = f"padded to {size} rows" if padded is not None else "at the same shape"
-        div.reason = (f"replay differs from an eager run {shape} on the same inputs, first in "
-                      f"{hz.island}.{hz.tensor} (|d| {hz.max_abs:.3g})")
-        if hz.nonfinite is not None:
-            div.nonfinite = hz.nonfinite
-        return div
+        return replace(div, kind=GRAPH_HAZARD, nonfinite=hz.nonfinite if hz.nonfinite is not None else div.nonfinite,
+                       reason=f"replay differs from an eager run {shape} on the same inputs, first in "
+                              f"{hz.island}.{hz.tensor} (|d| {hz.max_abs:.3g})")
     ties = router_ties(eager, replay, routing) if padded is not None else {}
     bad = corruption(batch, eager, excuse_rows(replay, eager, ties), ("eager", "replay"), logits=logits)
     if bad is not None:
-        bad.reason += f"; replay equals the eager run padded to {size} rows"
-        return bad
+        return replace(bad, reason=bad.reason + f"; replay equals the eager run padded to {size} rows")
+    lim = bound(f"{div.island}.{div.tensor}", eager[f"{div.island}.{div.tensor}"])
     if size == batch.num_tokens:  # no pad rows: two runs of one shape differ, so the kernel varies by call
-        div.kind, div.bound = NONDETERMINISM, bound(f"{div.island}.{div.tensor}", eager[f"{div.island}.{div.tensor}"])
-        div.reason = (f"replay equals an eager run at the same {size} rows bit for bit, and another eager run of "
-                      f"that shape differs within {ULPS['default']} bf16 ulps: the kernel varies from call to call")
-        return div
-    div.kind, div.bound = BATCH_VARIANCE, bound(f"{div.island}.{div.tensor}", eager[f"{div.island}.{div.tensor}"])
-    div.reason = (f"replay equals an eager run padded to {size} rows bit for bit; the exact-shape eager "
-                  f"run rounds differently, within {ULPS['default']} bf16 ulps of each tensor's magnitude")
+        return replace(div, kind=NONDETERMINISM, bound=lim,
+                       reason=f"replay equals an eager run at the same {size} rows bit for bit, and another eager "
+                              f"run of that shape differs within {ULPS['default']} bf16 ulps: the kernel varies "
+                              "from call to call")
+    reason = (f"replay equals an eager run padded to {size} rows bit for bit; the exact-shape eager "
+              f"run rounds differently, within {ULPS['default']} bf16 ulps of each tensor's magnitude")
     if ties:
-        div.reason += (f", except {len(ties)} row(s) whose MoE expert flipped between the two shapes: "
-                       f"{ties[min(ties)]}")
-    return div
-
-
-# ---- the probe copy --------------------------------------------------------------------------
-class ChainProbe:
-    """A third copy of the chain's islands (own state cache, eager island options) that re-runs a
-    step from a saved state: at the exact shape (`EagerRunner`) or padded the way the graph
-    runner pads it, with correct pads (zero token ids, the kernel's sentinel as state index)."""
-
-    def __init__(self, copy: LayerCopy, runner):
-        self.copy, self.runner = copy, runner
-        self.eager = EagerRunner(copy)
-        copy.moe.keep_input = True  # never captures: the MoE inputs of the last exact and padded runs
-        self.moe_in: dict = {}
-
-    def padded_size(self, batch) -> int | None:
-        """The row count the replay ran this step at (None: the runner ran it eagerly)."""
-        r = self.runner
-        size = pad_size(batch.num_tokens, r.sizes)
-        if size is None or (r.mode is Mode.FULL and not batch.uniform_decode):
-            return None
-        return size
-
-    def _load(self, state: dict) -> None:
-        for k, v in self.copy.cache.tensors().items():
-            v.copy_(state[k])
-
-    def _with_state(self, out: dict) -> dict:
-        out.update({f"gdn_core.{k}": v.clone() for k, v in self.copy.cache.tensors().items()})
-        return out
-
-    def exact(self, batch, pre: dict) -> dict:
-        self._load(pre)
-        out = self._with_state(self.eager.step(batch))
-        self.moe_in["exact"] = self.copy.moe.last_input
-        return out
-
-    def routing(self):
-        """(the last exact run's MoE input, the last padded run's, router weight, top_k), or None."""
-        return routing_inputs(self.moe_in.get("exact"), self.moe_in.get("padded"), self.copy.moe)
-
-    def padded(self, batch, pre: dict, size: int) -> dict:
-        self._load(pre)
-        c, r, n = self.copy, self.runner, batch.num_tokens
-        dev = c.device
-        ids = torch.zeros(size, dtype=torch.long, device=dev)
-        ids[:n] = torch.tensor(batch.token_ids, dtype=torch.long, device=dev)
-        c.set_context(n)
-        with torch.inference_mode():
-            if r.mode is Mode.FULL:  # the whole decode chain at `size` rows, pad rows on the sentinel
-                slots = torch.full((size,), c.cache.sentinel, dtype=torch.int32, device=dev)
-                slots[:n] = torch.tensor(batch.token_slots(), dtype=torch.int32, device=dev)
-                meta = GDNMeta(torch.arange(size + 1, dtype=torch.int32, device=dev), slots, None, size, size)
-                o0, core, o1 = c.chain(ids, meta)
-            else:  # submod0 padded, the splitting op on live rows, submod1 padded unless it runs eagerly
-                o0 = c.submod0(input_ids=ids)
-                r.clear_core_out(o0, size)  # as the runner does: pad rows zero (issue 16.4)
-                core = c.core(o0, batch.meta(dev), n)
-                if {"submod1", "moe"} & set(r.opts.eager_families):
-                    o1 = c.submod1(core_out=core, z=o0["z"][:n], residual=o0["residual"][:n])
-                else:
-                    if core.data_ptr() != o0["core_out"].data_ptr():
-                        o0["core_out"][:n].copy_(core)
-                    o1 = c.submod1(core_out=o0["core_out"], z=o0["z"], residual=o0["residual"])
-            tok = c.head(hidden=o1["hidden"][:n])["token_ids"]
-        self.moe_in["padded"] = c.moe.last_input
-        return self._with_state(collect(o0, o1, tok, n, core))
-
-    def classify(self, batch, div: Divergence, eager: dict, replay: dict, pre: dict) -> Divergence:
-        """`eager`/`replay`: each copy's outputs plus its whole state (`gdn_core.<name>` keys)."""
-        self.moe_in.clear()
-        exact = (self.exact(batch, pre), self.exact(batch, pre))
-        size = self.padded_size(batch)
-        padded = (self.padded(batch, pre, size), self.padded(batch, pre, size)) if size is not None else None
-        rerun = (lambda: self.padded(batch, pre, size)) if size is not None else (lambda: self.exact(batch, pre))
-        return decide(batch, div, eager, replay, exact, padded, size, self.logits, rerun,
-                      lambda: self.exact(batch, pre), self.routing)
-
-    def kernel_case(self, batch, kind: str, pre: dict):
-        """The kernel call that shows a `kind` finding at this step (`kernelcase.locate`), or None."""
-        size = self.padded_size(batch)
-        exact = lambda: self.exact(batch, pre)
-        padded = (lambda: self.padded(batch, pre, size)) if size is not None else exact
-        if kind == BATCH_VARIANCE:
-            return locate(kind, exact, padded)
-        return locate(kind, exact, exact) or locate(kind, padded, padded)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The canary head's fp32 logits for `hidden` rows (what its greedy token is taken from)."""
-        h = self.copy.head
-        with torch.inference_mode():
-            x = torch.ops.repro.rms_norm(hidden, h.norm, h.cfg.rms_norm_eps)
-            return torch.nn.functional.linear(x, h.lm_head).float()
-
-
-class IslandProbe:
-    """The same for one island fed token ids (the `moe` island): exact, and zero-padded to `size`."""
-
-    def __init__(self, island, sizes):
-        self.island, self.sizes = island, tuple(sorted(sizes))
-
-    def _run(self, batch, size: int) -> dict:
-        n = batch.num_tokens
-        ids = torch.zeros(size, dtype=torch.long)
-        ids[:n] = torch.tensor(batch.token_ids, dtype=torch.long)
-        with torch.inference_mode():
-            out = self.island(input_ids=ids.to(self.island.embed.device))
-        return {f"{self.island.name}.{k}": v[:n].clone() for k, v in out.items()}
-
-    def kernel_case(self, batch, kind: str):
-        """The kernel call that shows a `kind` finding at this step (`kernelcase.locate`), or None."""
-        n = batch.num_tokens
-        size = pad_size(n, self.sizes) or n
-        exact, padded = (lambda: self._run(batch, n)), (lambda: self._run(batch, size))
-        if kind == BATCH_VARIANCE:
-            return locate(kind, exact, padded)
-        return locate(kind, exact, exact) or locate(kind, padded, padded)
-
-    def classify(self, batch, div: Divergence, eager: dict, replay: dict) -> Divergence:
-        n = batch.num_tokens
-        size = pad_size(n, self.sizes)
-        exact = (self._run(batch, n), self._run(batch, n))
-        padded = (self._run(batch, size), self._run(batch, size)) if size is not None else None
-        return decide(batch, div, eager, replay, exact, padded, size, rerun=lambda: self._run(batch, size or n),
-                      rerun_exact=lambda: self._run(batch, n))
+        reason += f", except {len(ties)} row(s) whose MoE expert flipped between the two shapes: {ties[min(ties)]}"
+    return replace(div, kind=BATCH_VARIANCE, bound=lim, reason=reason)

@@ -69,8 +69,8 @@ def wanted(device: torch.device) -> bool:
     """Use the kernel on `device`: a CUDA device, Triton importable, not switched off by `ENV`."""
     if device.type != "cuda" or os.environ.get(ENV) == "0":
         return False
-    from kernels.triton_provider import available
-    return available()[0]
+    from kernels.availability import triton
+    return triton()[0]
 
 
 def layout(t: torch.Tensor):

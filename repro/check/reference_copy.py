@@ -47,6 +47,7 @@ from ..capture.runner import EagerRunner
 from .stepcheck import digest_words
 from .oracle import excuse_rows, router_ties
 from ..model.weights import copy_weights
+from .oracle import corruption
 
 DEVICE_EVERY = 16  # on a GPU the reference kernels cost several eager steps each
 
@@ -55,11 +56,11 @@ def default_every(device) -> int:
     return 1 if torch.device(device).type == "cpu" else DEVICE_EVERY
 
 
-def independent_copy(model, num_slots: int, sentinel: int) -> LayerCopy:
+def independent_copy(model, num_slots: int, sentinel: int, spec_tokens: int = 0) -> LayerCopy:
     """A `LayerCopy` of `model` with its own deep-copied weights and the default island options."""
     layer, head, next_norm = _copy.deepcopy((model.weights, model.head, model.next_norm))
     return LayerCopy(model.cfg, layer, head, next_norm, num_slots, model.device, sentinel=sentinel,
-                     tp_size=model.tp_size)
+                     tp_size=model.tp_size, spec_tokens=spec_tokens)
 
 
 class ReferenceCopy:
@@ -113,7 +114,6 @@ def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=N
     `copies_equal`: the caller has seen eager and replay hold the same bits in every tensor
     compared here (the lockstep's clean device check), so the reference is held against one of
     them and the answer is None or `both`, as it would be from two equal judgements."""
-    from .oracle import corruption
     keys = [k for k in ref if k in eager and k in replay]
     ref = {k: ref[k] for k in keys}
     sums = summaries({k: (ref[k], eager[k]) for k in keys})  # read once, for the ties and the bound

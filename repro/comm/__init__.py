@@ -22,10 +22,10 @@ __all__ = ["GRACE_S", "ISLAND", "KILL_ENV", "CommCase", "CommRun", "exit_code", 
 
 
 def format_table(res: CommRun) -> str:
-    """The shared results table (`repro.results`) for a run of `run_forced_comm`."""
+    """The shared results table (`repro.job.results`) for a run of `run_forced_comm`."""
     return results.format_table(res.cases, run=res)
 
 
 def exit_code(res: CommRun, explicit_hazards: bool) -> int:
-    """0 clean, 1 divergence or a dead/hung rank, decided by the shared `repro.results.exit_code`."""
+    """0 clean, 1 divergence or a dead/hung rank, decided by the shared `repro.job.results.exit_code`."""
     return results.exit_code(res.cases, explicit_hazards, run=res)

@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..knobs import hazards as hz
+from ..islands.forced_comm import comm_mode_for
 
 ISLAND = "forced_comm"
 
 
 @dataclass(frozen=True)
 class CommCase:
-    """A case of the shared results layer (`repro.results`: island, mode, hazards, repairs,
+    """A case of the shared results layer (`repro.job.results`: island, mode, hazards, repairs,
     expect) whose mode is the replay copy's comm mode, derived from the knobs."""
 
     hazards: tuple[str, ...] = ()
@@ -28,13 +29,12 @@ class CommCase:
     @property
     def mode(self) -> str:
         """The comm mode (`islands/forced_comm.py`); refuses knobs forced_comm cannot honour."""
-        from ..islands.forced_comm import comm_mode_for
         return comm_mode_for(self.hazards, self.repairs)
 
     @property
     def expect(self) -> str:
         """What a healthy stack gives. comm-graph-then-eager has no repair: clean on gloo/NCCL, and
-        a divergence is the upstream bug to report (PyTorch 189403 on XPU)."""
+        a divergence is the upstream bug to report (PyTorch #189403 on XPU)."""
         return hz.expectation(self.hazards, self.repairs)
 
     def label(self) -> str:

@@ -26,6 +26,10 @@ from ..knobs import hazards as hz
 from ..check.compare import Divergence
 from ..job.results import MultiRankResult, device_name, rank_divergence
 from .cases import ISLAND, CommCase
+from ..graphs import make_provider
+from ..islands.forced_comm import load_slice
+from ..capture.slice import SliceRunner
+from ..islands.forced_comm import Communicator, ForcedComm, eager_all_reduce_probe, resolve_comm_dtype
 
 class _Progress:
     """Where this rank is, in a file the parent reads when something goes wrong."""
@@ -73,8 +77,6 @@ def _rank_main(rank: int, spec: dict) -> None:
 def _rank_run(rank: int, spec: dict, progress: _Progress) -> None:
     import torch.distributed as dist
 
-    from ..graphs import make_provider
-    from ..islands.forced_comm import load_slice
 
     progress.mark(phase="init")
     kind, tp = spec["kind"], spec["tp"]
@@ -151,7 +153,6 @@ def _diff(index: int, step: int, tensor: str, rank: int, eager: torch.Tensor,
 def _run_case(rank, ci, case: CommCase, weights, provider, group, control, spec, progress) -> dict:
     import torch.distributed as dist
 
-    from ..islands.forced_comm import Communicator, ForcedComm, SliceRunner, eager_all_reduce_probe, resolve_comm_dtype
 
     tp, dev = spec["tp"], weights.embed.device
     dtype = resolve_comm_dtype(spec["comm_dtype"], tp)

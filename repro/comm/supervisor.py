@@ -29,6 +29,12 @@ from ..errors import BadInput, DeviceUnavailable
 from ..job.results import MultiRankResult
 from .cases import ISLAND, CommCase, plan
 from .rank import _rank_main
+from ..graphs import resolve_device
+from ..model.checkpoint import Checkpoint
+from ..control.dispatch import DEFAULT_SIZES
+from ..islands.forced_comm import COMM_DTYPES, DEFAULT_VOCAB
+from ..scheduler.sequence import random_sequence
+from ..model.tiny import default_checkpoint
 
 KILL_ENV = "REPRO_FORCED_COMM_KILL"
 GRACE_S = 5.0  # once a rank has failed, how long the others get to notice and report
@@ -37,7 +43,6 @@ GRACE_S = 5.0  # once a rank has failed, how long the others get to notice and r
 
 
 def _device_kind(device: str) -> str:
-    from ..graphs import resolve_device
     return resolve_device(device).split(":")[0]
 
 
@@ -95,9 +100,6 @@ def run_forced_comm(checkpoint=None, tp: int = 2, device: str = "cpu", hazards=(
     plus `failure` and `pids`). `cases`: an explicit list of `CommCase` (or (hazards, repairs)
     pairs) run in one launch; default: `plan(hazards, repairs)`. `batches`: a list of
     `StepBatch` (default: a seeded random request sequence cut to `steps` steps)."""
-    from ..model.checkpoint import Checkpoint
-    from ..islands.forced_comm import COMM_DTYPES, DEFAULT_SIZES, DEFAULT_VOCAB
-    from ..scheduler.sequence import random_sequence
 
     if not isinstance(tp, int) or tp < 2:
         raise BadInput(f"forced_comm needs --tp >= 2 (one rank a shard), got {tp}")
@@ -110,7 +112,6 @@ def run_forced_comm(checkpoint=None, tp: int = 2, device: str = "cpu", hazards=(
         for c in cases:
             c.mode
     if checkpoint is None:
-        from ..model.tiny import default_checkpoint
         checkpoint = default_checkpoint()
     ck = Checkpoint.open(checkpoint)
     cfg = ck.config

@@ -1,12 +1,11 @@
-"""One scheduler step as the runner sees it (host side), and its device metadata.
+"""One scheduler step as the runner sees it (host side), and its device inputs.
 
-`prepare()` builds the step's host tensors (token ids, per-token slots, metadata) once, pinned
-when an accelerator is present, so the lockstep can build step k+1's while the device runs step k
-(issue 19.2). Every consumer still gets its own device tensors (`on`, or `ids`,
-`token_slot_tensor`, `meta` one by one): a non-blocking copy from the pinned host buffer (a plain
-`torch.tensor(list, device=cuda)` is a pageable copy, which synchronises the stream), and a clone
-on the CPU, so the eager, replay and probe copies never share an input tensor one of them could
-corrupt."""
+`prepare()` builds the step's host tensors (token ids, each token's state block) once, pinned when
+an accelerator is present, so the lockstep can build step k+1's while the device runs step k.
+Every consumer still gets its own device tensors (`on`, or `ids`, `token_slot_tensor` one by one):
+a non-blocking copy from the pinned host buffer (a plain `torch.tensor(list, device=cuda)` is a
+pageable copy, which synchronises the stream), and a clone on the CPU, so the eager, replay and
+probe copies never share an input tensor one of them could corrupt."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,7 +13,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..islands.gdn import GDNMeta
 
 
 @dataclass
@@ -22,20 +20,34 @@ class StepInputs:
     """One consumer's device copy of a step's inputs (`StepBatch.on`)."""
     ids: torch.Tensor  # int64 [T]
     token_slots: torch.Tensor  # int32 [T]
-    meta: GDNMeta
 
 
 @dataclass
 class StepBatch:
-    """Requests of one step, decodes first then prefills (vLLM's order)."""
+    """One scheduled step as the runner sees it: its requests in order (decodes first, then
+    prefills: vLLM's order), each with the tokens scheduled for it (its query) and where its state
+    lives. A dummy step (`dummy`) has no requests: what an idle data-parallel rank runs
+    (`_dummy_run`) while the other ranks run a real step.
+
+    The per-request lists beyond the first five are optional, for steps written before they existed
+    (a saved sequence, a test): absent, a request without initial state is a whole prompt in one
+    chunk (`prompt_lens` = its query length, nothing computed), one with initial state is past its
+    prompt, no request carries draft tokens, and a request's only state block is its slot."""
 
     request_ids: list[int]
-    slots: list[int]
+    slots: list[int]  # each request's running state block (its first block)
     query_lens: list[int]
-    has_initial_state: list[bool]
+    has_initial_state: list[bool]  # tokens of the request were computed before this step
     token_ids: list[int]  # flattened, len == sum(query_lens)
     step: int = 0
-    live_slots: list[int] = field(default_factory=list)  # slots still owned after this step
+    live_slots: list[int] = field(default_factory=list)  # state blocks still owned after this step
+    num_computed: list[int] | None = None  # tokens of the request computed before this step
+    prompt_lens: list[int] | None = None  # the request's prompt: still prefilling while num_computed < it
+    draft_lens: list[int] | None = None  # draft tokens at the end of the query (K for a spec decode, else 0)
+    num_accepted: list[int] | None = None  # tokens the request's previous step kept (1..1+K; 1 otherwise)
+    blocks: list[list[int]] | None = None  # the request's state blocks (running first, then K speculative)
+    finished: list[int] = field(default_factory=list)  # requests finished or preempted since the last step
+    dummy: bool = False  # an idle data-parallel rank's dummy run: no requests
     _host: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -43,10 +55,38 @@ class StepBatch:
         return len(self.token_ids)
 
     @property
+    def num_reqs(self) -> int:
+        return len(self.request_ids)
+
+    def computed(self) -> list[int]:
+        if self.num_computed is not None:
+            return self.num_computed
+        return [1 if h else 0 for h in self.has_initial_state]
+
+    def prompts(self) -> list[int]:
+        if self.prompt_lens is not None:
+            return self.prompt_lens
+        return [1 if h else q for q, h in zip(self.query_lens, self.has_initial_state)]
+
+    def is_prefilling(self) -> list[bool]:
+        """Each request still in its prompt (vLLM: `num_computed_tokens < num_prompt_tokens`)."""
+        return [c < p for c, p in zip(self.computed(), self.prompts())]
+
+    def drafts(self) -> list[int]:
+        return self.draft_lens if self.draft_lens is not None else [0] * self.num_reqs
+
+    def accepted(self) -> list[int]:
+        return self.num_accepted if self.num_accepted is not None else [1] * self.num_reqs
+
+    def block_rows(self) -> list[list[int]]:
+        return self.blocks if self.blocks is not None else [[s] for s in self.slots]
+
+    @property
     def num_decodes(self) -> int:
+        """Leading requests past their prompt with a one-token query and a state to continue."""
         n = 0
-        for q, h in zip(self.query_lens, self.has_initial_state):
-            if q == 1 and h:
+        for q, h, pre in zip(self.query_lens, self.has_initial_state, self.is_prefilling()):
+            if q == 1 and h and not pre:
                 n += 1
             else:
                 break
@@ -67,13 +107,10 @@ class StepBatch:
                 pin = torch.cuda.is_available()
             # One byte buffer holding every field at an 8-byte aligned offset: one (pinned)
             # allocation and one copy per consumer instead of five, filled through numpy views
-            # (issue 19: host time per step; five `torch.tensor` calls and a `cat` cost ~4x more).
+            # (five `torch.tensor` calls and a `cat` cost about four times the host time).
             q = np.asarray(self.query_lens, dtype=np.int64)
             fields = (("ids", torch.long, np.asarray(self.token_ids, dtype=np.int64)),
-                      ("token_slots", torch.int32, np.repeat(np.asarray(self.slots, dtype=np.int32), q)),
-                      ("qsl", torch.int32, np.concatenate(([0], np.cumsum(q))).astype(np.int32)),
-                      ("slots", torch.int32, np.asarray(self.slots, dtype=np.int32)),
-                      ("init", torch.bool, np.asarray(self.has_initial_state, dtype=np.bool_)))
+                      ("token_slots", torch.int32, np.repeat(np.asarray(self.slots, dtype=np.int32), q)))
             layout, at = {}, 0
             for k, dt, a in fields:
                 layout[k] = (at, a.nbytes, dt)
@@ -99,9 +136,7 @@ class StepBatch:
         device = torch.device(device)
         buf = h["buf"].clone() if device.type == "cpu" else h["buf"].to(device, non_blocking=h["buf"].is_pinned())
         f = {k: buf[o:o + n].view(dt) for k, (o, n, dt) in h["layout"].items()}
-        meta = GDNMeta(query_start_loc=f["qsl"], state_indices=f["slots"], has_initial_state=f["init"],
-                       num_decodes=self.num_decodes, num_tokens=self.num_tokens)
-        return StepInputs(f["ids"], f["token_slots"], meta)
+        return StepInputs(f["ids"], f["token_slots"])
 
     def host_ids(self) -> torch.Tensor:
         """The prepared host tensor of token ids (pinned when prepared so): copy it with
@@ -116,10 +151,16 @@ class StepBatch:
         """Each token's state slot, int32, on `device`."""
         return self.on(device).token_slots
 
-    def meta(self, device) -> GDNMeta:
-        return self.on(device).meta
-
     def to_json(self) -> dict:
-        return {"step": self.step, "request_ids": self.request_ids, "slots": self.slots,
-                "query_lens": self.query_lens, "has_initial_state": self.has_initial_state,
-                "token_ids": self.token_ids, "live_slots": self.live_slots}
+        d = {"step": self.step, "request_ids": self.request_ids, "slots": self.slots,
+             "query_lens": self.query_lens, "has_initial_state": self.has_initial_state,
+             "token_ids": self.token_ids, "live_slots": self.live_slots}
+        for k in OPTIONAL:
+            v = getattr(self, k)
+            if v not in (None, [], False):
+                d[k] = v
+        return d
+
+
+# The fields a step's JSON carries only when they say something (`StepBatch` docstring).
+OPTIONAL = ("num_computed", "prompt_lens", "draft_lens", "num_accepted", "blocks", "finished", "dummy")

@@ -172,8 +172,8 @@ def collection_paused():
     `CUDAGraph` left in a reference cycle; its destructor's `cudaGraphExecDestroy` is not permitted
     while a stream captures ("operation not permitted when stream is capturing (function reset)"),
     and the capture fails with `cudaErrorStreamCaptureInvalidated`. Seen on an H200 in the state
-    machine, whose earlier examples leave runners behind; torch 2.11's `torch.cuda.graph` no longer
-    collects before a capture by default. The garbage is freed at the next collection after it."""
+    machine, whose earlier examples leave runners behind; from torch 2.11, `torch.cuda.graph` does
+    not collect before a capture by default. The garbage is freed at the next collection after it."""
     was = gc.isenabled()
     gc.disable()
     try:

@@ -43,7 +43,7 @@ from .refusals import SYNC_OPS, CaptureError, check, collection_paused, host_met
 
 aten = torch.ops.aten
 
-DATA_DEPENDENT = SYNC_OPS  # kept for callers of the old name
+DATA_DEPENDENT = SYNC_OPS  # the same set by its other name: ops whose output the host must wait for
 # Allocation-only ops: nothing to redo at replay (their bytes are written by later ops).
 ALLOC_ONLY = {
     aten.empty.memory_format,

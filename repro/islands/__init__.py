@@ -1,8 +1,8 @@
 """Islands built from one layer's tensors of a checkpoint.
 
 `Model(path, layer=...)` loads the layer (and the embedding / head rows) once; `copy()` builds
-a fresh set of islands with its own state cache (the lockstep needs two); `build(name, ...)`
-returns one island.
+a fresh set of islands with its own state cache (the lockstep needs two); `kinds` says what
+each island is to a run.
 """
 from __future__ import annotations
 
@@ -16,11 +16,9 @@ from ..errors import BadInput
 from ..knobs.options import IslandOptions
 from ..model.weights import fuse_in_proj, to_device
 from .gdn import CanaryHead, GDNCore, StateCache, Submod0, Submod1
+from .kinds import ISLANDS, KINDS, Kind, Runs, kind
 from .layer import LayerCopy
 from .moe import MoEBlock, MoEIsland
-
-ISLANDS = ("submod0", "gdn_core", "submod1", "moe", "forced_comm")
-
 
 def check_island(name: str) -> str:
     if name not in ISLANDS:
@@ -33,17 +31,17 @@ class Model:
 
     def __init__(self, path: str | Path, device="cpu", layer: int | None = None, island: str = "submod0",
                  tp_rank: int = 0, tp_size: int = 1):
-        check_island(island)
+        k = kind(check_island(island))
         self.path = Path(path)
         self.ckpt = Checkpoint.open(path)
         self.cfg = cfg = self.ckpt.config
         self.device = torch.device(device)
         if layer is None:
-            layer = cfg.gdn_layers()[0] if island != "moe" else 0
-        kind = cfg.layer_type(layer)
-        if island in ("submod0", "gdn_core", "submod1") and kind != GDN:
+            layer = cfg.gdn_layers()[0] if k.gdn_layer else 0
+        layer_type = cfg.layer_type(layer)
+        if k.gdn_layer and layer_type != GDN:
             gdn = cfg.gdn_layers()
-            raise BadInput(f"layer {layer} is a {kind} layer: island {island} needs a GDN (linear_attention) "
+            raise BadInput(f"layer {layer} is a {layer_type} layer: island {island} needs a GDN (linear_attention) "
                            f"layer ({', '.join(map(str, gdn[:8]))}{', ...' if len(gdn) > 8 else ''})")
         self.layer = layer
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -57,24 +55,12 @@ class Model:
         else:
             self.next_norm = self.head.norm
 
-    def copy(self, opts: IslandOptions = IslandOptions(), num_slots: int = 8, sentinel: int = 0) -> LayerCopy:
+    def copy(self, opts: IslandOptions = IslandOptions(), num_slots: int = 8, sentinel: int = 0,
+             spec_tokens: int = 0) -> LayerCopy:
+        """A copy with its own state cache for `num_slots` concurrent requests of 1+k blocks each."""
         return LayerCopy(self.cfg, self.weights, self.head, self.next_norm, num_slots, self.device,
-                         sentinel=sentinel, opts=opts, tp_size=self.tp_size)
+                         sentinel=sentinel, opts=opts, tp_size=self.tp_size, spec_tokens=spec_tokens)
 
 
-def build(name: str, checkpoint, layer: int | None = None, tp_rank: int = 0, tp_size: int = 1, device="cpu",
-          num_slots: int = 8, sentinel: int = 0):
-    """One island of `checkpoint` (a path) on `device`."""
-    check_island(name)
-    if name == "forced_comm":
-        from .forced_comm import ForcedComm
-        return ForcedComm.build(checkpoint, layer=layer or 0, tp_rank=tp_rank, tp_size=tp_size, device=device)
-    m = Model(checkpoint, device, layer, island=name, tp_rank=tp_rank, tp_size=tp_size)
-    if name == "moe":
-        return MoEIsland(m.cfg, m.weights, m.head)
-    c = m.copy(num_slots=num_slots, sentinel=sentinel)
-    return {"submod0": c.submod0, "gdn_core": c.gdn_core, "submod1": c.submod1}[name]
-
-
-__all__ = ["ISLANDS", "Model", "build", "check_island", "Submod0", "GDNCore", "Submod1", "CanaryHead",
+__all__ = ["ISLANDS", "KINDS", "Kind", "Runs", "kind", "Model", "check_island", "Submod0", "GDNCore", "Submod1", "CanaryHead",
            "StateCache", "MoEBlock", "MoEIsland", "LayerCopy"]

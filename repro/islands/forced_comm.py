@@ -51,11 +51,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..capture.piece import DEFAULT_SIZES, IslandRunner, OverIslandRunner
+from ..control.dispatch import DEFAULT_SIZES
 from ..errors import BadInput
-from ..capture.race import poison_
+from ..graphs.poison import poison_
 from ..model.weights import Linear, MoEWeights
 from .base import Island, linear, ops
+from ..knobs.hazards import check_comm, options_for
+from ..model.checkpoint import Checkpoint
 
 COMM_MODES = ("in-graph", "noop-capture", "eager-split", "registered")
 COMM_DTYPES = ("auto", "bf16", "fp32")
@@ -64,7 +66,6 @@ DEFAULT_VOCAB = 4096  # embedding rows loaded (token ids are drawn below this)
 
 def comm_mode_for(hazards=(), repairs=()) -> str:
     """The replay copy's comm mode for a set of knobs; refuses knobs this island cannot honour."""
-    from ..knobs.hazards import check_comm, options_for
     check_comm(hazards, repairs)
     return options_for(hazards, repairs).comm.mode
 
@@ -110,7 +111,6 @@ def load_slice(checkpoint, layer: int = 0, tp_rank: int = 0, tp_size: int = 1, d
     checkpoint loader; where `tp_size` does not divide the layer's other sharded dimensions (the
     tiny checkpoint's 2 key heads at TP4) the layer is read whole and only the shared expert is
     sharded here, the same way."""
-    from ..model.checkpoint import Checkpoint
 
     ck = checkpoint if isinstance(checkpoint, Checkpoint) else Checkpoint.open(checkpoint)
     cfg = ck.config
@@ -317,31 +317,3 @@ class ForcedComm(Island):
 
     def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"out": self.finish(self.piece(input_ids), input_ids.shape[0]).wait()}
-
-
-class SliceRunner(OverIslandRunner):
-    """The replay copy's runner: `capture.IslandRunner` over the slice's piece, with the
-    communicator's capturing flag raised during each capture (the warm-up's collectives run on
-    every rank at the same step). Batches above the largest size run eagerly. `launch` returns a
-    handle; `wait()` on it gives the step's output rows."""
-
-    def __init__(self, island: ForcedComm, provider, sizes=DEFAULT_SIZES, max_tokens: int = 64):
-        self.island = island
-        self.runner = IslandRunner(island.piece, provider, sizes, max_tokens, around=island.comm.capture)
-
-    def launch(self, token_ids) -> Done | PendingAllReduce:
-        out, n = self.runner.run(token_ids)
-        with torch.inference_mode():
-            return self.island.finish(out, n)
-
-    def collectives_in_graphs(self) -> int | None:
-        """How many collectives the captured graphs hold (the CPU tape lists its ops; device graphs
-        do not say: None)."""
-        names = [getattr(g.graph, "kernel_names", None) for g in self.runner.graphs.values()]
-        if any(n is None for n in names):
-            return None
-        return sum(1 for n in names for k in n() if k.startswith("c10d."))
-
-    def release(self) -> None:
-        """Drop every graph (a live graph holding a captured collective hangs `destroy_process_group`)."""
-        self.runner.release()

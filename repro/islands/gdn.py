@@ -9,37 +9,28 @@ next layer's input norm.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
+from ..control.meta import GDNMeta
 from ..model.config import ModelConfig
 from ..model.weights import HeadWeights, LayerWeights
 from .hazard_ops import gated_delta_rule_decode_undeclared
 from .base import Island, linear, ops
 
 
-@dataclass
-class GDNMeta:
-    """One step's GDN metadata: requests in order, decodes first (as vLLM orders them)."""
-
-    query_start_loc: torch.Tensor  # int32 [B+1]
-    state_indices: torch.Tensor  # int32 [B]
-    has_initial_state: torch.Tensor  # bool [B]
-    num_decodes: int  # requests with one token and a state (host ints, as the XPU op takes them)
-    num_tokens: int
-
-
 class StateCache:
-    """conv and SSM states indexed by slot. With sentinel 0, slot 0 is the null block."""
+    """conv and SSM states indexed by state block. With sentinel 0, block 0 is the null block.
+    With k speculative tokens a conv row keeps k more columns than the kernel width needs (vLLM's
+    `gated_delta_net_state_shape`): a spec step reads its window at the accepted offset."""
 
-    def __init__(self, cfg: ModelConfig, num_slots: int, device, tp_size: int = 1, sentinel: int = 0):
+    def __init__(self, cfg: ModelConfig, num_slots: int, device, tp_size: int = 1, sentinel: int = 0,
+                 spec_tokens: int = 0):
         hv = cfg.linear_num_value_heads // tp_size
         conv_dim = cfg.conv_dim // tp_size
         self.sentinel = sentinel
         self.num_slots = num_slots + (1 if sentinel == 0 else 0)
-        self.conv = torch.zeros(self.num_slots, conv_dim, cfg.linear_conv_kernel_dim - 1,
+        self.conv = torch.zeros(self.num_slots, conv_dim, cfg.linear_conv_kernel_dim - 1 + spec_tokens,
                                 dtype=torch.bfloat16, device=device)
         self.ssm = torch.zeros(self.num_slots, hv, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
                                dtype=torch.float32, device=device)
@@ -114,25 +105,61 @@ class GDNCore(Island):
                 v.reshape(t, self.hv, c.linear_value_head_dim))
 
     def forward(self, qkv, b, a, core_out, meta: GDNMeta):
-        s = self.cache.sentinel
-        nd, nt = meta.num_decodes, meta.num_tokens
-        undeclared = self.opts.undeclared_decode
+        """vLLM's `_forward_core` (`vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py`):
+        spec rows through the spec conv update and recurrence (state read from column accepted-1,
+        the state after token t written to column t), non-spec decodes through the one-token
+        update, prefills through the varlen kernels; in a mixed batch each part's tokens are
+        gathered by index and its outputs scattered back."""
         out = torch.empty_like(core_out) if self.opts.fresh_core_out else core_out
+        n = meta.num_actual_tokens
+        if meta.num_spec_decodes:
+            if meta.mixed:
+                idx = meta.spec_token_indx
+                out.index_copy_(0, idx, self._spec(qkv.index_select(0, idx), b.index_select(0, idx),
+                                                   a.index_select(0, idx), meta))
+            else:
+                out[:n].copy_(self._spec(qkv[:n], b[:n], a[:n], meta))
+        if meta.num_decodes or meta.num_prefills:
+            if meta.mixed:
+                idx = meta.non_spec_token_indx
+                out.index_copy_(0, idx, self._non_spec(qkv.index_select(0, idx), b.index_select(0, idx),
+                                                       a.index_select(0, idx), meta))
+            else:
+                self._non_spec(qkv[:n], b[:n], a[:n], meta, out[:n])
+        return {"core_out": out}
+
+    def _spec(self, qkv, b, a, meta: GDNMeta) -> torch.Tensor:
+        s, idx, acc, qsl = self.cache.sentinel, meta.spec_state_indices, meta.num_accepted_tokens, meta.spec_query_start_loc
+        y = ops.causal_conv1d_update_spec(qkv, self.conv_w, self.cache.conv, idx[:, 0].contiguous(), acc, qsl, s)
+        q, k, v = self._split(y)
+        g, beta = ops.gdn_gating(self.w.A_log, a, self.w.dt_bias, b)
+        return ops.gated_delta_rule_spec(q, k, v, g, beta, self.cache.ssm, idx, acc, qsl, s)
+
+    def _non_spec(self, qkv, b, a, meta: GDNMeta, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Decodes (the first `num_decodes` rows, one token each), then prefills; into `out` if given."""
+        s = self.cache.sentinel
+        nd, total = meta.num_decodes, qkv.shape[0]
+        out = torch.empty(total, self.hv, self.cfg.linear_value_head_dim, dtype=torch.bfloat16,
+                          device=qkv.device) if out is None else out
         if nd:
-            idx = meta.state_indices[:nd]
+            idx = meta.non_spec_state_indices[:nd]
             y = ops.causal_conv1d_update(qkv[:nd], self.conv_w, self.cache.conv, idx, s)
             q, k, v = self._split(y)
             g, beta = ops.gdn_gating(self.w.A_log, a[:nd], self.w.dt_bias, b[:nd])
-            rule = gated_delta_rule_decode_undeclared if undeclared else ops.gated_delta_rule_decode
+            rule = gated_delta_rule_decode_undeclared if self.opts.undeclared_decode else ops.gated_delta_rule_decode
             out[:nd].copy_(rule(q, k, v, g, beta, self.cache.ssm, idx, s))
-        if nt > nd:
-            qsl = meta.query_start_loc[nd:] - nd
-            idx, init = meta.state_indices[nd:], meta.has_initial_state[nd:]
-            y = ops.causal_conv1d_fn(qkv[nd:nt], self.conv_w, self.cache.conv, qsl, idx, init, s)
+        if meta.num_prefills:
+            end = meta.num_decode_tokens + meta.num_prefill_tokens
+            qsl = meta.non_spec_query_start_loc[nd:] - meta.num_decode_tokens
+            idx, init = meta.non_spec_state_indices[nd:], meta.has_initial_state[nd:]
+            x = qkv[meta.num_decode_tokens:end]
+            y = ops.causal_conv1d_fn(x, self.conv_w, self.cache.conv, qsl, idx, init, s)
             q, k, v = self._split(y)
-            g, beta = ops.gdn_gating(self.w.A_log, a[nd:nt], self.w.dt_bias, b[nd:nt])
-            out[nd:nt].copy_(ops.gated_delta_rule_prefill(q, k, v, g, beta, self.cache.ssm, qsl, idx, init, s))
-        return {"core_out": out}
+            g, beta = ops.gdn_gating(self.w.A_log, a[meta.num_decode_tokens:end], self.w.dt_bias,
+                                     b[meta.num_decode_tokens:end])
+            out[meta.num_decode_tokens:end].copy_(
+                ops.gated_delta_rule_prefill(q, k, v, g, beta, self.cache.ssm, qsl, idx, init, s))
+        return out
 
 
 class Submod1(Island):

@@ -11,7 +11,8 @@ import torch
 from ..model.config import ModelConfig
 from ..knobs.options import IslandOptions
 from ..model.weights import HeadWeights, LayerWeights
-from .gdn import CanaryHead, GDNCore, GDNMeta, StateCache, Submod0, Submod1
+from ..control.meta import GDNMeta
+from .gdn import CanaryHead, GDNCore, StateCache, Submod0, Submod1
 from .moe import MoEBlock
 
 
@@ -21,9 +22,12 @@ class LayerCopy:
 
     def __init__(self, cfg: ModelConfig, layer: LayerWeights, head: HeadWeights, next_norm: torch.Tensor,
                  num_slots: int, device, sentinel: int = 0, opts: IslandOptions = IslandOptions(),
-                 tp_size: int = 1):
+                 tp_size: int = 1, spec_tokens: int = 0):
         self.cfg, self.device = cfg, torch.device(device)
-        self.cache = StateCache(cfg, num_slots, device, tp_size=tp_size, sentinel=sentinel)
+        # a request holds 1+k state blocks (the running one and one per draft token)
+        self.spec_tokens = spec_tokens
+        self.cache = StateCache(cfg, num_slots * (1 + spec_tokens), device, tp_size=tp_size, sentinel=sentinel,
+                                spec_tokens=spec_tokens)
         self.submod0 = Submod0(cfg, layer, head, tp_size)
         self.gdn_core = GDNCore(cfg, layer, self.cache, tp_size)
         self.moe = MoEBlock(cfg, layer)

@@ -9,22 +9,18 @@ import random
 from dataclasses import replace
 
 from ..knobs import hazards as hz
-from ..capture.piece import DEFAULT_SIZES
+from ..control.dispatch import DEFAULT_SIZES
+from ..control.modes import DEFAULT_MODES, mode_name
 from ..errors import BadInput
-from ..islands import Model
-from ..lockstep.lockstep import run_lockstep
+from ..islands import Model, Runs, kind
+from ..lockstep import run_lockstep, run_moe_lockstep
 from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
 from .results import Case, CaseResult
 from .triggers import reached
 from ..scheduler.sequence import Request, Sequence
 
-# Islands the single-rank job covers, and how each maps onto a runner setting: the capture mode
-# and the families that run eagerly around it.
-ISLAND_MODES = {
-    "submod0": ("piecewise", frozenset({"submod1"})),  # only submod0 graphed
-    "submod1": ("piecewise", frozenset({"submod0"})),  # only submod1 graphed
-    "gdn_core": ("full", frozenset()),  # the splitting op only enters a graph in full mode
-}
+# What a default run covers: the chain, each chain island isolated, and the moe island alone.
+DEFAULT_ISLANDS = ("chain", "submod0", "submod1", "gdn_core", "moe")
 
 
 def check_knobs(hazards, repairs) -> None:
@@ -37,23 +33,21 @@ def check_knobs(hazards, repairs) -> None:
 
 def plan(island: str, mode: str | None, hazards, repairs, streams: bool) -> list[Case]:
     """Explicit hazards/repairs -> one case per mode; none -> baseline plus every applicable hazard."""
-    if island in ("all", None):
-        islands = ["chain"] if (hazards or repairs) else ["chain", "submod0", "submod1", "gdn_core", "moe"]
-    else:
-        islands = [island]
-    modes = [mode] if mode else ["piecewise", "full"]
+    whole = island in ("all", None)
+    islands = (["chain"] if (hazards or repairs) else list(DEFAULT_ISLANDS)) if whole else [island]
+    modes = [mode_name(mode)] if mode else list(DEFAULT_MODES)
     cases: list[Case] = []
     for isl in islands:
-        if isl == "forced_comm":
-            raise BadInput("forced_comm needs ranks: use `repro run --island forced_comm --tp N`")
-        isl_modes = [ISLAND_MODES[isl][0]] if isl in ISLAND_MODES else (["piecewise"] if isl == "moe" else modes)
-        for m in isl_modes:
+        k = kind(isl)
+        if k.runs is Runs.RANKS:
+            raise BadInput(f"{isl} needs ranks: use `repro run --island {isl} --tp N`")
+        for m in [mode_name(k.mode)] if k.mode else modes:
             if hazards or repairs:
-                hz.check(hazards, repairs, m, streams, "chain" if isl != "moe" else "moe")
+                hz.check(hazards, repairs, m, streams, "chain" if k.runs is Runs.CHAIN else isl)
                 cases.append(Case(isl, m, tuple(hazards), tuple(repairs), hz.expectation(hazards, repairs)))
             else:
                 cases.append(Case(isl, m))
-    if hazards or repairs or island not in ("all", None, "chain"):
+    if hazards or repairs or not (whole or island == "chain"):
         return cases
     for m in modes:
         for h in hz.planted(m, streams):
@@ -72,25 +66,27 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
     opts = hz.options_for(case.hazards, case.repairs)
     if not amplify:
         opts = replace(opts, runner=replace(opts.runner, amplify=False))
-    if case.island in ISLAND_MODES:
-        families = opts.runner.eager_families | ISLAND_MODES[case.island][1]
-        opts = replace(opts, runner=replace(opts.runner, eager_families=families))
+    k = kind(case.island)
+    opts = replace(opts, runner=replace(opts.runner, eager_families=opts.runner.eager_families | k.eager))
     copy_sentinel = opts.sentinel(sentinel)  # a hazard may give the kernels another sentinel
     batches = None
-    if case.island == "moe":
-        from ..lockstep.lockstep import run_moe_lockstep
+    if k.runs is Runs.ALONE:
         res = run_moe_lockstep(model, provider, seq.batches(), sizes=sizes)
     else:
         usable = None if copy_sentinel == 0 else range(seq.num_slots)
         batches = seq.batches(usable)
+        if reference_every is None:  # a hazard both copies share needs the third copy at its own cadence
+            reference_every = min((hz.HAZARDS[h].reference_every for h in case.hazards
+                                   if hz.HAZARDS[h].reference_every is not None), default=None)
         every = default_every(provider.device) if reference_every is None else reference_every
-        ref = ReferenceCopy(independent_copy(model, seq.num_slots, copy_sentinel), every) if every > 0 else None
-        res = run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=copy_sentinel),
-                           provider, batches, mode=case.mode, opts=opts,
-                           sizes=sizes, trace=trace, progress=progress, max_tokens=seq.max_tokens, reference=ref)
+        spec = getattr(seq, "spec_tokens", 0)
+        ref = ReferenceCopy(independent_copy(model, seq.num_slots, copy_sentinel, spec), every) if every > 0 else None
+        res = run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=copy_sentinel, spec_tokens=spec),
+                           provider, batches, mode=case.mode, opts=opts, sizes=sizes, trace=trace, progress=progress,
+                           max_tokens=seq.max_tokens, reference=ref, max_num_seqs=seq.num_slots)
     findings = [f.to_json() for f in res.findings]
     triggered = None if batches is None else reached(case.hazards, case.repairs, case.mode, batches[:res.steps],
-                                                     sizes, findings)
+                                                     sizes, findings, getattr(seq, "spec_tokens", 0), seq.num_slots)
     return CaseResult(case, res.steps, res.divergence, findings, res.eager_us, res.replay_us, res.kernel_findings,
                       strict, bound_usage=res.bound_usage, triggered=triggered)
 

@@ -158,7 +158,7 @@ def exit_code(results: list[CaseResult], hazards_requested: bool = False, run: d
     nondeterminism alone give 0).
 
     `run`: a multi-rank run's JSON object. Its `failure` (a rank died, hung or raised) fails the
-    run. A missed planted hazard fails single- and multi-rank runs alike (issue 18: a MISSED row
+    run. A missed planted hazard fails single- and multi-rank runs alike (a MISSED row
     must not exit 0)."""
     if run is not None and run.get("failure"):
         return 1

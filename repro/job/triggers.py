@@ -2,26 +2,31 @@
 got there says "not triggered" instead of MISSED.
 
 Each hazard row names its trigger (`Hazard.trigger`): a condition on the steps the replay copy
-ran, judged here from the steps alone as the graph runner treats them (`capture/runner.py`: a
-step replays when its token count pads to a capture size and, in `full` mode, it is decode-only;
-graphs are captured lazily, at the first step of a size; the static buffers keep what the last
-step wrote beyond its own rows), or the kind of a runner finding that reports the mechanism
-itself ("python-state": a value frozen at capture differed at a later replay), which then counts
-as the detection. A trigger that was reached and shows nothing is a MISSED hazard.
+ran, or the kind of a runner finding that reports the mechanism itself ("python-state": a value
+frozen at capture differed at a later replay), which then counts as the detection. A condition
+is judged over the steps whose graph is one the hazard needs (its `modes`: PIECEWISE pieces or a
+FULL decode graph), each step dispatched as the runner dispatches it (`control.dispatch`: the
+uniform-decode rule of the case's options, the capture sizes, the dispatcher's keys). A trigger
+that was reached and showed nothing is a MISSED hazard.
 """
 from __future__ import annotations
 
-from ..capture.piece import pad_size
+from ..control.dispatch import Dispatcher, uniform_decode
+from ..control.modes import Runtime, parse_mode
 from ..knobs import hazards as hz
 
 # step conditions: name -> what the steps must contain (said in the table's note when not reached)
 CONDITIONS = {
-    "replay": "a step that replays a graph",
-    "decode-replay": "a replayed step with a decode in it",
+    "replay": "a step that replays its graph",
+    "piecewise-decode": "a step replayed as pieces with a decode in it (where the eager splitting op is linted)",
     "replay-again": "a second replay of a captured size",
     "padded-replay": "a replayed step padded to its capture size",
-    "stale-pad": "a padded replay whose pad rows an earlier step wrote",
+    "stale-pad": "a padded replay over rows an earlier decode step staged",
+    "prompt-as-decode": "a step with a request in its prompt replayed as a uniform decode",
+    "first-chunk": "a one-token first chunk into a state slot an earlier request used",
+    "dummy-step": "an idle data-parallel rank's dummy step",
 }
+_GRAPH = {"piecewise": Runtime.PIECEWISE, "full": Runtime.FULL}
 
 
 def live(hazards, repairs) -> list[str]:
@@ -29,28 +34,46 @@ def live(hazards, repairs) -> list[str]:
     return [h for h in hazards if not hz.HAZARDS[h].probe and not set(hz.HAZARDS[h].repairs) & set(repairs)]
 
 
-def _replayed(batches, mode: str, sizes):
-    """(index, token count, padded size) of each step the replay copy runs as a graph."""
+def _dispatched(batches, mode: str, sizes, hazards, repairs, spec_tokens: int, max_num_seqs: int):
+    """(index, batch, runtime, padded token count) of every step, as the replay copy's runner
+    dispatches it."""
+    rule = hz.options_for(hazards, repairs).control.uniform_decode
+    d = Dispatcher(parse_mode(mode), sizes, spec_tokens, max_num_seqs)
     for i, b in enumerate(batches):
-        size = pad_size(b.num_tokens, sizes)
-        if size is not None and (mode == "piecewise" or b.uniform_decode):
-            yield i, b, size
+        if b.dummy:
+            runtime, desc = d.dispatch(1 + spec_tokens, True)
+        else:
+            runtime, desc = d.dispatch(b.num_tokens, uniform_decode(rule, b.query_lens, b.is_prefilling(),
+                                                                    spec_tokens))
+        yield i, b, runtime, desc.num_tokens
 
 
-def _reached(condition: str, batches, mode: str, sizes) -> bool:
-    steps = list(_replayed(batches, mode, sizes))
+def _reached(condition: str, steps, batches) -> bool:
+    """`steps`: the dispatched steps replaying a graph the hazard needs; `batches`: every step."""
     if condition == "replay":
         return bool(steps)
-    if condition == "decode-replay":
-        return any(b.num_decodes for _, b, _ in steps)
+    if condition == "piecewise-decode":
+        return any(b.num_decodes and rt is Runtime.PIECEWISE for _, b, rt, _ in steps)
     if condition == "replay-again":
-        sizes_seen = [s for _, _, s in steps]
-        return len(sizes_seen) != len(set(sizes_seen))
+        keys = [(rt, n) for _, _, rt, n in steps]
+        return len(keys) != len(set(keys))
     if condition == "padded-replay":
-        return any(b.num_tokens < s for _, b, s in steps)
-    if condition == "stale-pad":
-        written = [max((b.num_tokens for b in batches[:i]), default=0) for i in range(len(batches))]
-        return any(b.num_tokens < s and written[i] > b.num_tokens for i, b, s in steps)
+        return any(b.num_tokens < n for _, b, _, n in steps)
+    if condition == "stale-pad":  # rows a larger decode-only step staged before, left in the padded rows
+        staged = [max((x.num_reqs for x in batches[:i] if x.uniform_decode), default=0) for i in range(len(batches))]
+        return any(b.num_tokens < n and staged[i] > b.num_reqs for i, b, _, n in steps)
+    if condition == "prompt-as-decode":
+        return any(rt is Runtime.FULL and any(b.is_prefilling()) for _, b, rt, _ in steps)
+    if condition == "first-chunk":
+        used: set = set()
+        for b in batches:
+            first = {s for s, q, c in zip(b.slots, b.query_lens, b.computed()) if q == 1 and c == 0}
+            if first & used:
+                return True
+            used |= set(b.slots)
+        return False
+    if condition == "dummy-step":
+        return any(b.dummy for b in batches)
     raise ValueError(f"unknown trigger condition {condition!r}")
 
 
@@ -60,18 +83,22 @@ def shown_by_finding(hazards, repairs, findings) -> bool:
     return any(hz.HAZARDS[h].trigger in kinds for h in live(hazards, repairs))
 
 
-def reached(hazards, repairs, mode: str, batches, sizes, findings) -> bool | None:
+def reached(hazards, repairs, mode: str, batches, sizes, findings, spec_tokens: int = 0,
+            max_num_seqs: int = 8) -> bool | None:
     """Whether any live hazard's trigger was reached in `batches` (the steps that ran); None
     when no hazard is live (nothing to trigger)."""
     hs = live(hazards, repairs)
     if not hs:
         return None
+    steps = list(_dispatched(batches, mode, sizes, hazards, repairs, spec_tokens, max_num_seqs))
     for h in hs:
         t = hz.HAZARDS[h].trigger
-        if t in CONDITIONS:
-            if _reached(t, batches, mode, sizes):
+        if t not in CONDITIONS:
+            if any(f["kind"] == t for f in findings):
                 return True
-        elif any(f["kind"] == t for f in findings):
+            continue
+        graphs = {_GRAPH[m] for m in hz.HAZARDS[h].modes}
+        if _reached(t, [s for s in steps if s[2] in graphs], batches):
             return True
     return False
 

@@ -13,9 +13,27 @@ from dataclasses import dataclass, field
 
 from ..errors import Refused
 from ..graphs.lint import UNDECLARED
-from .options import MODES, HostCopy, Options, Pad, apply, validate
+from ..control.modes import Runtime, parse_mode
+from .options import FirstChunk, HostCopy, Options, Pad, UniformDecode, apply, validate
 
 CHAIN_ISLANDS = ("chain", "submod0", "gdn_core", "submod1")
+# The graphs a hazard needs: PIECEWISE pieces, or a FULL graph of the decode chain.
+GRAPHS = ("piecewise", "full")
+
+
+def needs_met(needs, mode: str) -> bool:
+    """Whether graph mode `mode` has the graphs a hazard or repair `needs`."""
+    m = parse_mode(mode)
+    return any(m.has(Runtime.FULL if n == "full" else Runtime.PIECEWISE) for n in needs)
+
+
+def home(mode: str) -> str | None:
+    """Where a default run plants the hazards of mode `mode`: FULL decode graphs ("full"), pieces
+    only ("piecewise"), or nothing (NONE)."""
+    m = parse_mode(mode)
+    if m.decode is Runtime.FULL:
+        return "full"
+    return "piecewise" if m.has(Runtime.PIECEWISE) else None
 
 
 @dataclass(frozen=True)
@@ -26,6 +44,8 @@ class Repair:
     device_only: bool = False  # needs streams: the CPU tape has none
     piecewise_only: bool = False  # an eager family inside a full-mode graph cannot run eagerly
     standalone: bool = False  # the standalone report script rebuilds it
+    leaves: str = "clean"  # what a case with the repair ends as: "clean", or "finding" (a loud error)
+    cases: str = ""  # the upstream change it mirrors
 
     def __post_init__(self):
         validate(self.sets)
@@ -37,7 +57,7 @@ class Hazard:
     mechanism: str
     repairs: tuple[str, ...]  # any one of these clears it
     sets: dict = field(default_factory=dict)
-    modes: tuple[str, ...] = MODES
+    modes: tuple[str, ...] = GRAPHS  # the graphs it needs (`needs_met`)
     device_only: bool = False
     islands: tuple[str, ...] = ("chain",)
     detected_as: str = "divergence"  # or "finding"
@@ -47,10 +67,21 @@ class Hazard:
     standalone: bool = False  # the standalone report script rebuilds it
     probe: bool = False  # a probe for an upstream bug with no known repair: a healthy stack stays clean
     cases: str = ""
+    # The sequence its case runs: the draft tokens a decode carries, dummy steps of an idle data-parallel
+    # rank, and the third copy's cadence (1: every step, for a fault both copies share).
+    spec_tokens: int = 0
+    data_parallel: bool = False
+    reference_every: int | None = None
+    record: bool = False  # one of the public record's bugs (`docs/real-bugs.md`)
     trigger: str = "replay"  # what the steps must reach for it to show (`job/triggers.py`), or a finding kind
 
     def __post_init__(self):
         validate(self.sets)
+
+    @property
+    def rules(self) -> tuple[str, ...]:
+        """The control rules it sets (`ControlRules` fields)."""
+        return tuple(k.partition(".")[2] for k in self.sets if k.startswith("control."))
 
     def applies_to(self, island: str) -> bool:
         return island in self.islands or (island in CHAIN_ISLANDS and "chain" in self.islands)
@@ -58,26 +89,27 @@ class Hazard:
 
 HAZARDS: dict[str, Hazard] = {h.name: h for h in [
     Hazard("stale-pad", "padded rows keep the last step's state indices and token ids", ("sanitize-pad",),
-           {"runner.pad": Pad.STALE}, modes=("full",), standalone=True, cases="vLLM 37728", trigger="stale-pad"),
+           {"runner.pad": Pad.STALE}, modes=("full",), standalone=True, cases="vLLM #37728",
+           trigger="stale-pad"),
     Hazard("pad-sentinel-mismatch", "the runner pads state indices with 0, the kernel skips only -1",
            ("sanitize-pad",), {"runner.pad": Pad.OTHER, "kernel_sentinel": -1}, modes=("full",),
-           standalone=True, cases="vLLM 35431, 39064", trigger="padded-replay"),
+           standalone=True, record=True, cases="vLLM #35431, #39064", trigger="padded-replay"),
     Hazard("shared-pool-weakref", "graph 0's outputs are held by weak reference in the shared pool, so graph 1's "
            "capture places its tensors over them and a reader of graph 0's outputs sees them overwritten",
            ("private-pool", "clone-outputs"), {"runner.weak_first_output": True}, modes=("piecewise",),
-           cases="PyTorch 122192"),
+           cases="PyTorch #122192"),
     Hazard("output-alias", "graph 1 (reinplaced by a compiler) adds into graph 0's `residual` output in place",
            ("clone-outputs",), {"island.reinplace_residual": True}, modes=("piecewise",), replay_only=True,
            cases="lab notes 2026-06-14i (graph-0 output alias)"),
     Hazard("fresh-alloc-split-op", "the eager splitting op returns a fresh tensor; graph 1 reads the captured address",
            ("copy-inputs",), {"island.fresh_core_out": True}, modes=("piecewise",), standalone=True,
-           cases="vLLM 37363, 37361, 37395, 53915"),
+           record=True, cases="vLLM #37363, #37361, #37395, #53915"),
     Hazard("frozen-python-state", "the MoE trims rows to the forward context's token count, a Python int the "
            "graph freezes at capture", ("recapture", "eager-family=moe"), {"island.trim_moe_to_context": True},
-           standalone=True, cases="PyTorch 114844, vLLM 51928", trigger="python-state"),
+           standalone=True, cases="PyTorch #114844, vLLM #51928", trigger="python-state"),
     Hazard("undeclared-mutation", "the GDN decode op writes ssm_state but its schema declares no mutation",
            ("declare",), {"island.undeclared_decode": True}, detected_as="finding",
-           finding=UNDECLARED, cases="torch.library.opcheck", trigger="decode-replay"),
+           finding=UNDECLARED, cases="torch.library.opcheck", trigger="piecewise-decode"),
     Hazard("side-stream-no-wait", "replay on a side stream, consumer on the main stream without an event",
            ("event-wait",), {"runner.side_stream": True}, device_only=True, stream=True),
     Hazard("async-output-copy", "a non-blocking device-to-host copy of outputs is read before it lands",
@@ -85,7 +117,27 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            cases="lab: VLLM_XPU_SYNC_ASYNC_OUTPUT_COPY"),
     Hazard("escaped-capture", "submod0's z projection is issued on a stream the capture does not follow",
            ("capture-stream", "eager-family=submod0"), {"island.escape_z": True, "runner.relaxed_capture": True},
-           modes=("piecewise",), cases="PyTorch 196490, auto-round 2206", trigger="replay-again"),
+           modes=("piecewise",), cases="PyTorch #196490, auto-round #2206", trigger="replay-again"),
+    Hazard("shape-only-uniform-decode", "with k draft tokens a decode, a prefill chunk of exactly 1+k tokens is "
+           "called a uniform decode by shape alone and replayed through the FULL decode graph, whose GDN buffers the "
+           "builder stages only for decode batches: the replay reads capture-time or stale state indices, so the "
+           "prompt's state is never written (or another request's is overwritten)",
+           ("past-prompt-uniform", "no-hybrid-prefill", "replay-assert"),
+           {"control.uniform_decode": UniformDecode.SHAPE, "control.assert_full_past_prompt": False},
+           modes=("full",), spec_tokens=2, record=True, cases="vLLM #53051, #49918", trigger="prompt-as-decode"),
+    Hazard("first-chunk-as-decode", "a request's one-token first chunk is classed as a decode, so the decode kernels "
+           "continue from its recycled state block instead of starting from zero (both copies alike: the third copy "
+           "sees it)", ("is-prefilling-first-chunk",), {"control.first_chunk": FirstChunk.QUERY_LEN},
+           reference_every=1, record=True, cases="vLLM #51565 (issue #51562)", trigger="first-chunk"),
+    Hazard("dummy-stale-rows", "an idle data-parallel rank's FULL dummy run builds its metadata from block-table "
+           "rows of finished requests, never cleared nor committed, and its replay writes their state blocks, which "
+           "later requests own", ("clear-and-commit",),
+           {"control.clear_finished_row": False, "control.dummy_commits_block_table": False}, modes=("full",),
+           data_parallel=True, record=True, cases="vLLM #37728", trigger="dummy-step"),
+    Hazard("dummy-reuses-staging", "a FULL dummy run replays the decode graph without re-staging the builder's "
+           "buffers: it reads the last real decode batch's state indices and writes those requests' state with "
+           "dummy tokens", ("restage-dummy",), {"control.dummy_restages": False}, modes=("full",),
+           data_parallel=True, record=True, cases="vLLM #49757", trigger="dummy-step"),
     Hazard("comm-noop-capture", "the all-reduce is a no-op while capturing, so replay never reduces",
            ("eager-family=comm",), {"comm.noop_capture": True}, islands=("forced_comm",),
            cases="lab: VLLM_XPU_GRAPH_NOOP_COMM_CAPTURE"),
@@ -93,7 +145,7 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            ("clone-input",), {"comm.registered": True}, islands=("forced_comm",), stream=True,
            cases="lab: VLLM_XPU_CUSTOM_ALLREDUCE_CLONE_INPUT=0"),
     Hazard("comm-graph-then-eager", "a replayed captured all-reduce followed by an eager all-reduce", (),
-           {"comm.eager_after_replay": True}, islands=("forced_comm",), probe=True, cases="PyTorch 189403"),
+           {"comm.eager_after_replay": True}, islands=("forced_comm",), probe=True, cases="PyTorch #189403"),
 ]}
 
 REPAIRS: dict[str, Repair] = {r.name: r for r in [
@@ -124,10 +176,24 @@ REPAIRS: dict[str, Repair] = {r.name: r for r in [
     Repair("capture-stream", "the escaped work is issued on the capturing stream", {"island.escape_z": False}),
     Repair("clone-input", "the registered all-reduce snapshots its input buffer when it is issued",
            {"comm.registered": True, "comm.clone_input": True}),
+    Repair("past-prompt-uniform", "a batch is a uniform decode only when every request is past its prompt",
+           {"control.uniform_decode": UniformDecode.PAST_PROMPT}, cases="vLLM PR #53059"),
+    Repair("no-hybrid-prefill", "a hybrid model's batch with a request in its prompt is never a uniform decode",
+           {"control.uniform_decode": UniformDecode.NO_HYBRID_PREFILL}, cases="vLLM PR #47123"),
+    Repair("replay-assert", "a FULL dispatch of a batch with a request in its prompt raises instead of replaying",
+           {"control.assert_full_past_prompt": True}, leaves="finding", cases="vLLM PR #55123"),
+    Repair("is-prefilling-first-chunk", "a one-token first chunk with no prior state is a prefill",
+           {"control.first_chunk": FirstChunk.IS_PREFILLING}, cases="vLLM #51565"),
+    Repair("clear-and-commit", "a finished request's block-table row is cleared, and a dummy run commits its rows",
+           {"control.clear_finished_row": True, "control.dummy_commits_block_table": True}, cases="vLLM #37728"),
+    Repair("restage-dummy", "a FULL dummy run builds its metadata as for capture, re-staging the builder's buffers",
+           {"control.dummy_restages": True}, cases="vLLM #49757"),
 ]}
 
-# Runner finding kinds that mean a planted hazard was seen (not merely noted, like an alias).
-FINDING_KINDS = frozenset(h.finding for h in HAZARDS.values() if h.finding)
+# Runner finding kinds that mean a planted hazard was seen (not merely noted, like an alias): a
+# hazard's own, and a replay the runner's assertion refused (what a "finding" repair leaves).
+REFUSED = "replay-refused"
+FINDING_KINDS = frozenset(h.finding for h in HAZARDS.values() if h.finding) | {REFUSED}
 
 for _h in HAZARDS.values():  # the table is closed: every named repair exists
     assert all(r in REPAIRS for r in _h.repairs), _h.name
@@ -151,8 +217,9 @@ def check(hazards, repairs, mode: str, streams: bool, island: str = "chain") -> 
         if h not in HAZARDS:
             raise Refused(f"unknown hazard {h!r} (known: {', '.join(HAZARDS)})")
         hz = HAZARDS[h]
-        if mode not in hz.modes:
-            raise Refused(f"hazard {h} applies to --mode {'/'.join(hz.modes)} only ({hz.mechanism})")
+        if not needs_met(hz.modes, mode):
+            raise Refused(f"hazard {h} needs {' or '.join(hz.modes)} graphs, which --mode {mode} does not capture "
+                          f"({hz.mechanism})")
         if hz.device_only and not streams:
             raise Refused(f"hazard {h} needs streams: the CPU tape has none (use --device cuda or xpu)")
         if not hz.applies_to(island):
@@ -163,22 +230,28 @@ def check(hazards, repairs, mode: str, streams: bool, island: str = "chain") -> 
         rep = REPAIRS[r]
         if rep.device_only and not streams:
             raise Refused(f"repair {r} needs streams: the CPU tape has none")
-        if rep.piecewise_only and mode == "full":
-            raise Refused(f"repair {r}: --mode full captures the decode chain as one graph, so no family "
+        if rep.piecewise_only and parse_mode(mode).has(Runtime.FULL):
+            raise Refused(f"repair {r}: --mode {mode} captures the decode chain as one graph, so no family "
                           "can run eagerly inside it (use --mode piecewise)")
 
 
 def expectation(hazards, repairs) -> str:
-    """What a healthy stack gives for these knobs: "clean", "diverged" or "finding"."""
-    live = [h for h in hazards if not HAZARDS[h].probe and not any(r in repairs for r in HAZARDS[h].repairs)]
+    """What a healthy stack gives for these knobs: "clean", "diverged" or "finding" (a hazard found
+    as a runner finding, or one whose repair turns it into a loud error)."""
+    def cleared(h):
+        return any(r in repairs and REPAIRS[r].leaves == "clean" for r in HAZARDS[h].repairs)
+
+    def loud(h):
+        return HAZARDS[h].detected_as == "finding" or any(r in repairs for r in HAZARDS[h].repairs)
+    live = [h for h in hazards if not HAZARDS[h].probe and not cleared(h)]
     if not live:
         return "clean"
-    return "finding" if all(HAZARDS[h].detected_as == "finding" for h in live) else "diverged"
+    return "finding" if all(loud(h) for h in live) else "diverged"
 
 
 def planted(mode: str, streams: bool, island: str = "chain") -> list[Hazard]:
     """The hazards a default run plants alone on `island` in `mode`."""
-    return [h for h in HAZARDS.values() if mode in h.modes and h.applies_to(island) and island in h.islands
+    return [h for h in HAZARDS.values() if home(mode) in h.modes and h.applies_to(island) and island in h.islands
             and (streams or not h.device_only)]
 
 

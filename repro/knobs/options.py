@@ -1,28 +1,18 @@
 """The typed options a hazard or a repair flips. Runner, islands and the TP slice read these and
 never a hazard's name: `hazards.py` is the one table that says which knob sets which option.
 
-Three small frozen dataclasses, one per layer that behaves differently:
+Four small frozen dataclasses, one per layer that behaves differently:
 - `IslandOptions`: what the model's own code does (both copies, or the replay copy only for what a
   compiler does to a captured piece);
 - `RunnerOptions`: how the graph runner pads, holds, copies, pools, replays and reads back;
-- `CommOptions`: how the tensor-parallel slice places and feeds its all-reduce.
+- `CommOptions`: how the tensor-parallel slice places and feeds its all-reduce;
+- `ControlRules`: how the runner's control path decides (uniform decode, the builder's classes, the
+  block table's rows, dummy runs), each rule as a vLLM release has it or as its fix has it.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, fields, replace
-
-
-class Mode(str, enum.Enum):
-    """vLLM's capture modes: pieces between splitting ops, or the whole decode chain as one graph."""
-    PIECEWISE = "piecewise"
-    FULL = "full"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-MODES = tuple(m.value for m in Mode)
 
 
 class Pad(str, enum.Enum):
@@ -90,6 +80,48 @@ class CommOptions:
         return "noop-capture" if self.noop_capture else "in-graph"
 
 
+class UniformDecode(str, enum.Enum):
+    """When the runner calls a batch a uniform decode (and so may replay the FULL decode graph)."""
+    # vLLM 0.33.0 `vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode`: by shape
+    # alone, the largest query is 1+k and every request has it
+    SHAPE = "shape"
+    # vLLM PR #53059: the shape test, and every request past its prompt
+    PAST_PROMPT = "past-prompt"
+    # vLLM PR #47123: the shape test, but never for a hybrid model's batch with a request in its prompt
+    NO_HYBRID_PREFILL = "no-hybrid-prefill"
+
+
+class FirstChunk(str, enum.Enum):
+    """How the GDN metadata builder classes a one-token query (`vllm/v1/attention/backends/gdn_attn.py:
+    GDNAttentionMetadataBuilder.build`, the non-spec split)."""
+    # vLLM 0.26.0: `split_decodes_and_prefills(m, decode_threshold=1)`: a one-token row is a decode,
+    # a request's one-token first chunk included (it then reads its block's old state)
+    QUERY_LEN = "query-len"
+    # vLLM 0.33.0 (vLLM #51565): a one-token first chunk with no prior state is a prefill
+    IS_PREFILLING = "is-prefilling"
+
+
+@dataclass(frozen=True)
+class ControlRules:
+    """The decode control path's rules, each as one vLLM release has it or as its fix has it; the
+    defaults are the fixed forms (`control/` mirrors each, citing the function it reads)."""
+    uniform_decode: UniformDecode = UniformDecode.PAST_PROMPT
+    # vLLM PR #55123: a FULL replay of a batch with a request still in its prompt raises instead
+    assert_full_past_prompt: bool = True
+    first_chunk: FirstChunk = FirstChunk.IS_PREFILLING
+    # `vllm/v1/worker/gpu_input_batch.py: InputBatch.remove_request` clears a finished request's
+    # block-table row (`BlockTable.clear_row`; vLLM #37728)
+    clear_finished_row: bool = True
+    # `vllm/v1/worker/gpu_model_runner.py: _dummy_run` commits the block table for its padded rows
+    # before building metadata (vLLM #37728)
+    dummy_commits_block_table: bool = True
+    # `vllm/v1/worker/block_table.py: BlockTable.move_row` zeroes the row it moved (vLLM #49757)
+    move_row_zeroes_source: bool = True
+    # `_dummy_run` builds a FULL dummy run's metadata as for capture, re-staging the builder's
+    # persistent buffers (`for_cudagraph_capture=... or cudagraph_runtime_mode == FULL`; vLLM #49757)
+    dummy_restages: bool = True
+
+
 @dataclass(frozen=True)
 class Options:
     """Everything a case's knobs change. `kernel_sentinel` None keeps the run's own sentinel."""
@@ -97,13 +129,14 @@ class Options:
     replay_island: IslandOptions = field(default_factory=IslandOptions)
     runner: RunnerOptions = field(default_factory=RunnerOptions)
     comm: CommOptions = field(default_factory=CommOptions)
+    control: ControlRules = field(default_factory=ControlRules)
     kernel_sentinel: int | None = None
 
     def sentinel(self, default: int) -> int:
         return default if self.kernel_sentinel is None else self.kernel_sentinel
 
 
-_PARTS = {"island": IslandOptions, "runner": RunnerOptions, "comm": CommOptions}
+_PARTS = {"island": IslandOptions, "runner": RunnerOptions, "comm": CommOptions, "control": ControlRules}
 
 
 def validate(sets: dict) -> dict:

@@ -1,4 +1,4 @@
-"""A kernel finding's own script (issue 15.4): `repro_kernel.py` and `kernel_inputs.pt`.
+"""A kernel finding's own script: `repro_kernel.py` and `kernel_inputs.pt`.
 
 A result holds which kernel call showed its first nondeterminism or batch variance (the
 `kernel` of a kernel finding's first divergence), not the call's tensors. They are taken again

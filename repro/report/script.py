@@ -102,13 +102,13 @@ def embedded_tensors(model, embed_ids) -> dict:
 
 
 def build_spec(doc, r, steps, seqj, model, sentinel, title, weights) -> dict:
-    from ..capture.piece import DEFAULT_SIZES
-    from ..job.cases import ISLAND_MODES
+    from ..control.dispatch import DEFAULT_SIZES
+    from ..islands import kind
     c, q = config_of(model)
     fd = r.get("first_divergence")
     return {"title": title, "hazards": list(r["hazards"]), "repairs": list(r["repairs"]),
             "default_repairs": default_repairs(r), "knobs": knobs(),
-            "families": sorted(ISLAND_MODES.get(r["island"], ("", frozenset()))[1]),
+            "families": sorted(kind(r["island"]).eager),
             "mode": r["mode"], "island": r["island"], "sentinel": kernel_sentinel(r, sentinel),
             "sizes": list(DEFAULT_SIZES), "num_slots": seqj.get("num_slots", 8),
             "max_tokens": max([seqj.get("max_tokens", 16)] + [len(s["token_ids"]) for s in steps]),

@@ -3,21 +3,18 @@ budget and a free slot), slots allocated lowest first and reused when freed."""
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
 
 from ..control.batch import StepBatch
 from ..errors import BadInput
-
-if TYPE_CHECKING:
-    from .sequence import Sequence
 
 
 def _token(seed: int, rid: int, pos: int, vocab: int) -> int:
     return (seed * 1_000_003 + rid * 7919 + pos * 104_729 + 12_345) * 2_654_435_761 % (1 << 32) % vocab
 
 
-def schedule(seq: Sequence, usable_slots=None) -> list[StepBatch]:
-    """A FCFS scheduler: decodes first, then prefills that fit the token budget and a free slot.
+def schedule(seq, usable_slots=None) -> list[StepBatch]:
+    """A FCFS scheduler over `seq` (a `sequence.Sequence`): decodes first, then prefills that fit the
+    token budget and a free slot.
     Slots are taken lowest first, so a freed slot is reused by the next admitted request."""
     free = sorted(usable_slots if usable_slots is not None else range(1, seq.num_slots + 1))
     waiting = sorted((copy.copy(r) for r in seq.requests), key=lambda r: (r.arrive, r.rid))

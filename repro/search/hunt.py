@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky
 
-from ..capture.piece import DEFAULT_SIZES
+from ..control.dispatch import DEFAULT_SIZES
 from ..check.compare import Divergence
 from ..errors import BadInput
 from ..graphs import make_provider

@@ -14,8 +14,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from ..control.batch import StepBatch
 from ..knobs.hazards import options_for
-from ..capture.piece import DEFAULT_SIZES
-from ..lockstep.lockstep import Lockstep
+from ..control.dispatch import DEFAULT_SIZES
+from ..lockstep import Lockstep
 from ..scheduler.scheduler import _token
 
 MAX_TOKENS = 8

@@ -3,7 +3,7 @@
 A checkpoint is a directory with `config.json` and `model.safetensors` or a sharded
 `model.safetensors.index.json`. Headers are parsed at `open` (no tensor data); `load_layer`
 reads only that layer's tensors (TP shards through `get_slice`, so only the shard's bytes) and
-returns the canonical `repro.weights` structures.
+returns the canonical `repro.model.weights` structures.
 
 Accepted layouts (all converted to the canonical one):
 - GDN: `linear_attn.in_proj_qkv|in_proj_z|in_proj_b|in_proj_a` (Qwen3.5/3.6) or the fused

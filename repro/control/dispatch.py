@@ -1,0 +1,108 @@
+"""Which graph a step replays: vLLM's uniform-decode decision, its capture sizes and its dispatcher.
+
+- `uniform_decode`: `vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode`, as a
+  rule of its own (`ControlRules.uniform_decode`): by shape (0.33.0's V1 runner), or the shape and
+  every request past its prompt (the fixed form, vLLM PR #53059), or no uniform decode for a hybrid
+  model's batch with a prefill (vLLM PR #47123).
+- `capture_sizes`: `CompilationConfig.adjust_cudagraph_sizes_for_spec_decode`: with a FULL decode
+  mode and 1+k > 1, every size is rounded up to a multiple of 1+k, and sizes above the largest
+  one asked for are dropped (the V1 runner only).
+- `Dispatcher`: `vllm/v1/cudagraph_dispatcher.py: CudagraphDispatcher`, graphs keyed by
+  `BatchDescriptor(num_tokens, num_reqs, uniform)`: a relaxed PIECEWISE key (num_reqs None, not
+  uniform) for every capture size when the mixed mode is PIECEWISE, and uniform FULL keys for sizes
+  x with 1+k <= x <= (1+k) * max_num_seqs (num_reqs = x // (1+k)) when the decode mode is FULL.
+  `dispatch` pads to the smallest capture size that holds the step, tries the exact FULL key,
+  then the relaxed PIECEWISE key, then runs eagerly (NONE) at the step's own size; above the
+  largest capture size it is NONE.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..knobs.options import UniformDecode
+from .modes import GraphMode, Runtime
+
+DEFAULT_SIZES = (1, 2, 4, 8, 16)
+
+
+def pad_size(n: int, sizes) -> int | None:
+    """The smallest capture size that holds `n` rows (None: run eagerly)."""
+    return next((s for s in sorted(sizes) if s >= n), None)
+
+
+@dataclass(frozen=True)
+class BatchDescriptor:
+    """A graph's key (`vllm/forward_context.py: BatchDescriptor`, the fields this runner uses)."""
+    num_tokens: int
+    num_reqs: int | None = None  # None: the relaxed key a PIECEWISE graph is kept under
+    uniform: bool = False
+
+    def __str__(self) -> str:
+        reqs = "" if self.num_reqs is None else f", {self.num_reqs} reqs"
+        return f"{self.num_tokens} tokens{reqs}{', uniform' if self.uniform else ''}"
+
+
+def uniform_decode(rule: UniformDecode, query_lens, prefilling, spec_tokens: int) -> bool:
+    """`GPUModelRunner._is_uniform_decode` and its fixed forms (module docstring): the largest
+    query is 1+k and the token count is that times the request count; `prefilling[i]`: request i
+    is still in its prompt. The model is hybrid (GDN layers), so PR #47123's rule is the
+    past-prompt test here too."""
+    if not query_lens:
+        return False
+    q = 1 + spec_tokens
+    shape = max(query_lens) == q and sum(query_lens) == q * len(query_lens)
+    if rule is UniformDecode.SHAPE:
+        return shape
+    return shape and not any(prefilling)
+
+
+def capture_sizes(sizes, mode: GraphMode, spec_tokens: int) -> tuple[int, ...]:
+    """The capture sizes the runner uses (`adjust_cudagraph_sizes_for_spec_decode`, module docstring)."""
+    sizes = tuple(sorted(set(sizes)))
+    q = 1 + spec_tokens
+    if mode.decode is not Runtime.FULL or q == 1:
+        return sizes
+    top = max(sizes)
+    rounded = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= top})
+    return tuple(rounded) if rounded else ((q,) if q <= top else ())
+
+
+class Dispatcher:
+    """The graph keys one runner holds and the key each step replays (module docstring)."""
+
+    def __init__(self, mode: GraphMode, sizes, spec_tokens: int, max_num_seqs: int):
+        self.mode, self.q, self.max_num_seqs = mode, 1 + spec_tokens, max_num_seqs
+        self.sizes = capture_sizes(sizes, mode, spec_tokens)
+        self.keys: dict[BatchDescriptor, Runtime] = {}
+        if mode.mixed is not Runtime.NONE:
+            for s in self.sizes:
+                key = BatchDescriptor(s) if mode.mixed is Runtime.PIECEWISE else BatchDescriptor(s, min(s, max_num_seqs))
+                self.keys[key] = mode.mixed
+        if mode.decode is Runtime.FULL and mode.separate_routine:
+            for s in self.sizes:
+                if self.q <= s <= self.q * max_num_seqs and s % self.q == 0:
+                    self.keys[BatchDescriptor(s, min(s // self.q, max_num_seqs), True)] = Runtime.FULL
+
+    def padded(self, num_tokens: int, uniform: bool) -> BatchDescriptor | None:
+        """`CudagraphDispatcher._create_padded_batch_descriptor`."""
+        size = pad_size(num_tokens, self.sizes)
+        if size is None:
+            return None
+        if uniform and self.mode.separate_routine and self.mode.decode is Runtime.FULL:
+            return BatchDescriptor(size, min(size // self.q, self.max_num_seqs), True)
+        return BatchDescriptor(size, min(size, self.max_num_seqs), False)
+
+    def dispatch(self, num_tokens: int, uniform: bool) -> tuple[Runtime, BatchDescriptor]:
+        """`CudagraphDispatcher.dispatch`: (runtime mode, the key), or (NONE, the step unpadded)."""
+        eager = (Runtime.NONE, BatchDescriptor(num_tokens))
+        if not self.keys:
+            return eager
+        desc = self.padded(num_tokens, uniform)
+        if desc is None:
+            return eager
+        if self.keys.get(desc) is Runtime.FULL:
+            return Runtime.FULL, desc
+        relaxed = replace(desc, num_reqs=None, uniform=False)
+        if self.keys.get(relaxed) is Runtime.PIECEWISE:
+            return Runtime.PIECEWISE, relaxed
+        return eager

@@ -1,0 +1,96 @@
+"""Stack profiles: every control rule as one real serving stack has it, read from that release's
+source (a table of rule settings, not code paths: `ControlRules` is what the runner reads).
+
+`--stack NAME` on `run`, `hunt`, `report` and `bench` starts every case from the profile's rules;
+a case's hazards and repairs then change them as they change the fixed defaults. What a profile
+says a stack is exposed to is what a hunt on it finds.
+
+The vLLM sources are the wheels on PyPI (`pip download --no-deps vllm==X`), paths relative to the
+`vllm/` package. The V1 model runner (MRV1) is what 0.26.0 runs for hybrid models such as
+Qwen3.5/3.6 (`config/vllm.py: _is_default_v2_model_runner_model` returns False for them) and what
+0.33.0 runs with `VLLM_USE_V2_MODEL_RUNNER=0` (its default is the V2 runner). The XPU runner
+(`v1/worker/xpu_model_runner.py: XPUModelRunner`) subclasses it in both releases and overrides
+none of these rules, so each profile holds for XPU as for CUDA; 0.26.0 also needs
+`VLLM_XPU_ENABLE_XPU_GRAPH=1` for XPU graphs at all (`platforms/xpu.py: check_and_update_config`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..errors import BadInput
+from .options import ControlRules, FirstChunk, UniformDecode
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    what: str
+    rules: ControlRules
+    sources: dict  # rule -> where the setting was read ("file: function (line)")
+
+
+_FIXES = {
+    "uniform_decode": "vLLM PR #53059: `_is_uniform_decode` also asks every request to be past its prompt",
+    "assert_full_past_prompt": "vLLM PR #55123: `execute_model` asserts a FULL dispatch has no request in its prompt",
+    "first_chunk": "vLLM #51565: `GDNAttentionMetadataBuilder.build` classes a first chunk by `is_prefilling`",
+    "clear_finished_row": "vLLM #37728: `InputBatch.remove_request` calls `BlockTable.clear_row`",
+    "dummy_commits_block_table": "vLLM #37728: `_dummy_run` commits the block table for its padded rows",
+    "move_row_zeroes_source": "vLLM #49757: `BlockTable.move_row` zeroes the row it moved",
+    "dummy_restages": "vLLM #49757: a FULL `_dummy_run` builds its metadata as for capture",
+}
+
+_V033 = "vllm 0.33.0: "
+_V026 = "vllm 0.26.0: "
+
+STACKS: dict[str, Stack] = {s.name: s for s in (
+    Stack("fixed", "every known fix applied (the default)", ControlRules(), _FIXES),
+    Stack("vllm-0.33-mrv1", "vLLM 0.33.0, the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0), CUDA and XPU",
+          ControlRules(uniform_decode=UniformDecode.SHAPE, assert_full_past_prompt=False,
+                       first_chunk=FirstChunk.IS_PREFILLING, clear_finished_row=True, dummy_commits_block_table=True,
+                       move_row_zeroes_source=True, dummy_restages=True),
+          {"uniform_decode": _V033 + "v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode (3620): "
+                             "shape only",
+           "assert_full_past_prompt": _V033 + "v1/worker/gpu_model_runner.py: GPUModelRunner.execute_model (3906): "
+                                      "no check of a FULL dispatch",
+           "first_chunk": _V033 + "v1/attention/backends/gdn_attn.py: GDNAttentionMetadataBuilder.build (373): "
+                          "no_prior_state & is_prefilling",
+           "clear_finished_row": _V033 + "v1/worker/gpu_input_batch.py: InputBatch.remove_request (541)",
+           "dummy_commits_block_table": _V033 + "v1/worker/gpu_model_runner.py: GPUModelRunner._dummy_run (5687)",
+           "move_row_zeroes_source": _V033 + "v1/worker/block_table.py: BlockTable.move_row (137-146)",
+           "dummy_restages": _V033 + "v1/worker/gpu_model_runner.py: GPUModelRunner._dummy_run (5699): "
+                             "for_cudagraph_capture when the mode is FULL"}),
+    Stack("vllm-0.26", "vLLM 0.26.0 (the XPU image's 0.26.1rc1 the B70 packet ran), the V1 model runner "
+          "(the default for hybrid models there)",
+          ControlRules(uniform_decode=UniformDecode.SHAPE, assert_full_past_prompt=False,
+                       first_chunk=FirstChunk.QUERY_LEN, clear_finished_row=True, dummy_commits_block_table=True,
+                       move_row_zeroes_source=False, dummy_restages=False),
+          {"uniform_decode": _V026 + "v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode (3857): "
+                             "shape only",
+           "assert_full_past_prompt": _V026 + "v1/worker/gpu_model_runner.py: GPUModelRunner.execute_model (4111): "
+                                      "no check of a FULL dispatch",
+           "first_chunk": _V026 + "v1/attention/backends/gdn_attn.py: GDNAttentionMetadataBuilder.build (213): "
+                          "split_decodes_and_prefills(m, decode_threshold=1)",
+           "clear_finished_row": _V026 + "v1/worker/gpu_input_batch.py: InputBatch.remove_request (531)",
+           "dummy_commits_block_table": _V026 + "v1/worker/gpu_model_runner.py: GPUModelRunner._dummy_run (6001)",
+           "move_row_zeroes_source": _V026 + "v1/worker/block_table.py: BlockTable.move_row (142-146): the vacated "
+                                     "row is left as it was",
+           "dummy_restages": _V026 + "v1/worker/gpu_model_runner.py: GPUModelRunner._dummy_run (6010): "
+                             "for_cudagraph_capture=is_graph_capturing only"}),
+)}
+
+RULES = tuple(f.name for f in fields(ControlRules))
+
+for _s in STACKS.values():  # every rule of every profile says where it was read
+    assert set(_s.sources) == set(RULES), _s.name
+
+
+def stack(name: str) -> Stack:
+    if name not in STACKS:
+        raise BadInput(f"unknown stack {name!r} (choose from {', '.join(STACKS)})")
+    return STACKS[name]
+
+
+def differs(rules: ControlRules) -> list[str]:
+    """The rules where `rules` is not the fixed form, in table order."""
+    fixed = ControlRules()
+    return [r for r in RULES if getattr(rules, r) != getattr(fixed, r)]
