@@ -36,7 +36,7 @@ def test_run_with_a_planted_hazard_exits_1(tiny_path, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["run", "--island", "nope"], "unknown island"),
     (["run", "--hazard", "nope"], "unknown hazard"),
-    (["run", "--mode", "piecewise", "--hazard", "stale-pad"], "--mode full"),
+    (["run", "--mode", "piecewise", "--hazard", "stale-pad"], "needs full graphs"),
     (["run", "--device", "cpu", "--hazard", "async-output-copy", "--mode", "piecewise"], "streams"),
     (["run", "--island", "submod0", "--layer", "3"], "full_attention layer"),
     (["run", "--island", "submod0", "--layer", "99"], "out of range"),

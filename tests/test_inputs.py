@@ -208,7 +208,7 @@ def test_a_hazard_a_short_run_never_reached_is_not_triggered_and_says_why(tiny_p
 
 def test_a_detection_with_hazard_exits_1_and_says_what(tiny_path, capsys):
     rc = main(["run", "--model", tiny_path, "--device", "cpu", "--mode", "full", "--hazard", "stale-pad",
-               "--steps", "24"])
+               "--steps", "60"])  # seed 0 reaches stale-pad's trigger at step 49
     err = capsys.readouterr().err
     assert rc == 1 and "detected" in err and "gdn_core" in err
 

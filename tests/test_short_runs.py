@@ -147,3 +147,15 @@ def test_a_probe_row_says_so_on_the_command_line(tiny_path, capsys):
     out = capsys.readouterr().out
     row = next(x for x in out.splitlines() if x.startswith("forced_comm"))
     assert "ok (probe)" in row and "is a probe for an upstream bug" in out
+
+
+def test_the_default_plans_longest_names_and_many_notes_still_fit_100_columns():
+    # every case a default run plans, streams included (the longest hazard, repair and mode names),
+    # each with notes enough to make its note cell long
+    cases = plan("all", None, (), (), streams=True)
+    rows = [CaseResult(c, 200, None, [{"kind": "python-state", "island": "x", "detail": f"note {i} of case {j}"}
+                                      for i in range(12)]) for j, c in enumerate(cases)]
+    table = format_table(rows)
+    assert max(len(line) for line in table.splitlines()) <= WIDTH, table
+    flat = " ".join(table.split())
+    assert all(f"note 11 of case {j}" in flat for j in range(len(cases)))

@@ -207,14 +207,27 @@ def _notes_of(r: CaseResult) -> list[str]:
     return notes
 
 
-def _refs(ns: list[int]) -> str:
-    """Note numbers as a short cell: 1 / 2,5 / 3-16."""
-    if not ns:
-        return ""
-    ns = sorted(set(ns))
-    if len(ns) > 2 and ns[-1] - ns[0] == len(ns) - 1:
-        return f"{ns[0]}-{ns[-1]}"
-    return ",".join(map(str, ns))
+def _refs(ns: list[int]) -> list[str]:
+    """Note numbers, runs of three or more as a range: ["1"], ["2,5"], ["3-16"], ["13-19,21-24"]."""
+    ns, parts = sorted(set(ns)), []
+    while ns:
+        k = 1
+        while k < len(ns) and ns[k] == ns[0] + k:
+            k += 1
+        parts += [f"{ns[0]}-{ns[k - 1]}"] if k > 2 else [str(n) for n in ns[:k]]
+        ns = ns[k:]
+    return parts
+
+
+def _pack(parts: list[str], width: int) -> list[str]:
+    """`parts` joined by commas, over as many lines of `width` as they need (a comma ends a line)."""
+    lines = [""]
+    for p in parts:
+        if lines[-1] and len(lines[-1]) + 1 + len(p) > width:
+            lines[-1] += ","
+            lines.append("")
+        lines[-1] += ("," if lines[-1] else "") + p
+    return lines
 
 
 def _wrap(text: str, label: str = "") -> list[str]:
@@ -222,24 +235,40 @@ def _wrap(text: str, label: str = "") -> list[str]:
                          break_long_words=False, break_on_hyphens=False) or [label.rstrip()]
 
 
+def _case_cell(r: CaseResult, before: CaseResult | None) -> str:
+    """The hazards and repairs in one column: a repair's row right after its hazard's shows only
+    `  +repair` (the default plan's pairs), any other row both."""
+    hazards, repairs = ",".join(r.case.hazards), ",".join(r.case.repairs)
+    if not repairs:
+        return hazards or "baseline"
+    same = before is not None and (before.case.island, before.case.mode, before.case.hazards) == \
+        (r.case.island, r.case.mode, r.case.hazards) and not before.case.repairs
+    return f"  +{repairs}" if same and hazards else f"{hazards or 'baseline'} +{repairs}"
+
+
 def format_table(results: list[CaseResult], run: dict | None = None) -> str:
-    """One row a case, then the notes the rows refer to, numbered, each printed whole once and
-    wrapped to WIDTH columns (no timing: the replay/eager ratio of a lockstep step is mostly the
-    checking's cost; `repro bench` times replay). `run`: a multi-rank run's JSON object; its table
-    has a comm mode column and ends with the failure, if any, and the launch line (ranks,
-    backend, device, provider, comm dtype, time)."""
+    """One row a case, then the notes the rows refer to, numbered, each printed whole once; all
+    of it within WIDTH columns (a row's note numbers go on over more lines if they must). No
+    timing: the replay/eager ratio of a lockstep step is mostly the checking's cost; `repro
+    bench` times replay. `run`: a multi-rank run's JSON object; its table has a comm mode column
+    and ends with the failure, if any, and the launch line (ranks, backend, device, provider,
+    comm dtype, time)."""
     multi = run is not None
-    rows = [("island", "comm mode" if multi else "mode", "hazard", "repair", "steps", "result", "notes")]
-    notes: dict[str, int] = {}
-    for r in results:
-        refs = [notes.setdefault(text, len(notes) + 1) for text in _notes_of(r)]
-        result = verdict(r) + (" (probe)" if _probes(r) else "")
-        rows.append((r.case.island, r.case.mode, ",".join(r.case.hazards) or "-", ",".join(r.case.repairs) or "-",
-                     str(r.steps), result, _refs(refs)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.rjust(w) if i == 4 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    head = ("island", "comm mode" if multi else "mode", "hazard / +repair", "steps", "result")
+    rows, refs, notes = [head], [["notes"]], {}
+    for i, r in enumerate(results):
+        refs.append(_refs([notes.setdefault(text, len(notes) + 1) for text in _notes_of(r)]))
+        rows.append((r.case.island, r.case.mode, _case_cell(r, results[i - 1] if i else None), str(r.steps),
+                     verdict(r) + (" (probe)" if _probes(r) else "")))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    left = sum(widths) + 2 * len(widths)  # where the notes column starts
+    lines = []
+    for row, ref in zip(rows, refs):
+        cells = "  ".join(c.rjust(w) if i == 3 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        numbers = _pack(ref, max(WIDTH - left, 8))
+        lines.append((cells + "  " + numbers[0]).rstrip())
+        lines += [" " * left + more for more in numbers[1:]]
+    lines.insert(1, "  ".join("-" * w for w in widths) + "  -----")
     if notes:
         lines.append("")
         for text, n in notes.items():
