@@ -1,82 +1,329 @@
-"""The scheduler: requests in, steps out (decodes first, then the prefills that fit the token
-budget and a free slot), slots allocated lowest first and reused when freed."""
+"""The scheduler: requests in, steps out, one step at a time, as vLLM 0.33.0's scheduler hands them
+to the model runner (`vllm/v1/core/sched/scheduler.py: Scheduler.schedule`).
+
+Each step schedules, within a token budget, the decodes of running requests (1+K tokens each: the
+bonus token and K draft tokens), then the next chunks of prompts already started, then new
+requests lowest block first. A request holds 1+K state blocks from its first chunk until it
+finishes or is preempted (vLLM's mamba cache mode "none" with speculative decoding: the running
+block, then one per draft token; `vllm/model_executor/layers/mamba/abstract.py:
+MambaBase.get_kv_cache_spec`, `num_speculative_blocks`), and freed blocks are reused lowest first,
+so a new request's blocks hold a finished one's state. An idle data-parallel rank runs dummy steps.
+
+`Scheduler` is the one implementation: `schedule(seq)` drives it over a `Sequence`, and the
+Hypothesis state machine (`repro/search/machine.py`) drives it rule by rule."""
 from __future__ import annotations
 
-import copy
+from dataclasses import dataclass, field
+from typing import Mapping
 
 from ..control.batch import StepBatch
 from ..errors import BadInput
 
+MAX_SPEC_TOKENS = 4
+TICK_LIMIT = 10_000  # ticks past the last arrival: a sequence that has not finished by then never will
+
 
 def _token(seed: int, rid: int, pos: int, vocab: int) -> int:
+    """The token id at position `pos` of request `rid`: prompt tokens and sampled tokens alike."""
     return (seed * 1_000_003 + rid * 7919 + pos * 104_729 + 12_345) * 2_654_435_761 % (1 << 32) % vocab
 
 
-def schedule(seq, usable_slots=None) -> list[StepBatch]:
-    """A FCFS scheduler over `seq` (a `sequence.Sequence`): decodes first, then prefills that fit the
-    token budget and a free slot.
-    Slots are taken lowest first, so a freed slot is reused by the next admitted request."""
-    free = sorted(usable_slots if usable_slots is not None else range(1, seq.num_slots + 1))
-    waiting = sorted((copy.copy(r) for r in seq.requests), key=lambda r: (r.arrive, r.rid))
-    for r in waiting:
-        if r.prompt_len < 1 or r.prompt_len > seq.max_tokens:
-            raise BadInput(f"request {r.rid}: prompt_len {r.prompt_len} must be 1..{seq.max_tokens} (the step budget)")
-    running: list[dict] = []  # {req, slot, done (decodes), pos}
-    steps: list[StepBatch] = []
-    t = 0
-    while waiting or running:
-        ids, slots, qlens, init, toks = [], [], [], [], []
-        budget = seq.max_tokens
-        for run in running:  # decodes
-            ids.append(run["req"].rid)
-            slots.append(run["slot"])
-            qlens.append(1)
-            init.append(True)
-            toks.append(_token(seq.seed, run["req"].rid, run["pos"], seq.vocab))
-            budget -= 1
-        admitted = []
-        for r in list(waiting):
-            if r.arrive > t or not free:
+def _draft(seed: int, rid: int, pos: int, vocab: int) -> int:
+    """The draft token proposed at position `pos`. Never the token sampled there (`_token`) when
+    vocab > 1: a rejected draft then leaves state computed from a token the request does not
+    keep, which the next step must not continue from."""
+    if vocab == 1:
+        return 0
+    h = (seed * 6_700_417 + rid * 65_537 + pos * 1_000_033 + 977) * 2_246_822_519 % (1 << 32)
+    return (_token(seed, rid, pos, vocab) + 1 + h % (vocab - 1)) % vocab
+
+
+def block_pool(num_slots: int, spec_tokens: int = 0, first: int = 1) -> list[int]:
+    """The state blocks of `num_slots` concurrent requests with K = `spec_tokens`: 1+K each, from
+    `first` (1 with the pad sentinel 0, whose block 0 is the null block; 0 with the sentinel -1)."""
+    return list(range(first, first + num_slots * (1 + spec_tokens)))
+
+
+@dataclass
+class _Req:
+    rid: int
+    prompt_len: int  # vLLM's num_prompt_tokens: unchanged by a preemption
+    decode_steps: int | None  # decode steps after each (re)admission; None: until `finish`
+    arrive: int
+    preempt_after: int | None
+    accept: list[int] | None
+    target: int = 0  # tokens to prefill: the prompt, or prompt + generated when recomputed
+    num_computed: int = 0
+    decodes: int = 0
+    num_accepted: int = 1  # what its next step reports: its last spec decode's kept count, else 1
+    pending: bool = False  # its last step was a decode whose kept count is still to be given
+    blocks: list[int] = field(default_factory=list)
+    drafted: set[int] = field(default_factory=set)  # positions whose kept token is an accepted draft
+    taken: int = 0  # accept-list values used
+    preempted: bool = False
+
+    def prefill_len(self) -> int:
+        """What an admission must compute: the prompt, or everything kept before a preemption
+        (`Scheduler._preempt_request` sets num_computed_tokens to 0; the recompute covers the
+        prompt and the tokens generated so far)."""
+        return max(self.prompt_len, self.num_computed)
+
+
+class Scheduler:
+    """One FCFS scheduler, a step at a time.
+
+    `max_tokens` is the step's token budget (vLLM's max_num_scheduled_tokens); `blocks` the state
+    blocks requests may hold (`block_pool`), so len(blocks) // (1+K) requests run at once (vLLM's
+    max_num_seqs). The caller adds requests (`add`), runs steps (`step`, given the kept counts of
+    the previous step's decodes), ends requests (`finish`) and, on an idle data-parallel rank,
+    runs dummy steps (`dummy`)."""
+
+    def __init__(self, max_tokens: int, blocks, spec_tokens: int = 0, vocab: int = 512, seed: int = 0,
+                 data_parallel: bool = False):
+        if not 0 <= spec_tokens <= MAX_SPEC_TOKENS:
+            raise BadInput(f"spec_tokens {spec_tokens} must be 0..{MAX_SPEC_TOKENS}")
+        if max_tokens < 1 + spec_tokens:
+            raise BadInput(f"max_tokens {max_tokens} cannot hold one decode of 1+{spec_tokens} tokens")
+        self.max_tokens, self.spec_tokens, self.vocab, self.seed = max_tokens, spec_tokens, vocab, seed
+        self.data_parallel = data_parallel
+        self.free = sorted(blocks)
+        if len(self.free) < 1 + spec_tokens:
+            raise BadInput(f"{len(self.free)} state blocks cannot hold one request's 1+{spec_tokens}")
+        self.tick = 0  # the tick the next step or dummy runs at (arrivals are in ticks)
+        self.emitted = 0  # steps emitted, dummies included: the next step's index
+        self._running: list[_Req] = []  # holding blocks, in admission order
+        self._waiting: list[_Req] = []  # FCFS; a preempted request joins at the end
+        self._finished: list[int] = []  # finished or preempted since the last emitted step
+
+    # -- what the caller asks -------------------------------------------------------------------
+
+    def running(self) -> list[int]:
+        """Requests holding state blocks (decoding, part way through their prompt, or waiting for
+        budget), in admission order."""
+        return [r.rid for r in self._running]
+
+    def waiting(self) -> list[int]:
+        return [r.rid for r in self._waiting]
+
+    def awaiting(self) -> list[int]:
+        """Requests whose last step was a decode whose kept count is still open: those the next
+        `step`'s `accepted` may name (with K = 0 the count can only be 1)."""
+        return [r.rid for r in self._running + self._waiting if r.pending]
+
+    def done(self) -> bool:
+        return not self._running and not self._waiting
+
+    def idle(self) -> bool:
+        """Nothing this rank could run now: no request holds blocks, none has arrived."""
+        return not self._running and not any(r.arrive <= self.tick for r in self._waiting)
+
+    def owned(self) -> list[int]:
+        return sorted(b for r in self._running for b in r.blocks)
+
+    # -- what the caller does -------------------------------------------------------------------
+
+    def add(self, rid: int, prompt_len: int, decode_steps: int | None = None, arrive: int | None = None,
+            preempt_after: int | None = None, accept: list[int] | None = None) -> None:
+        """Queue a request: schedulable from tick `arrive` (default: now), finished after
+        `decode_steps` decode steps (None: when `finish` says), preempted once after
+        `preempt_after` of them; `accept`: the kept counts of its spec decodes, in order, cycled."""
+        if prompt_len < 1:
+            raise BadInput(f"request {rid}: prompt_len {prompt_len} must be at least 1")
+        if any(r.rid == rid for r in self._running + self._waiting):
+            raise BadInput(f"request {rid} is already scheduled")
+        for a in accept or ():
+            self._check_kept(rid, a)
+        if accept is not None and not accept:
+            raise BadInput(f"request {rid}: accept is empty (leave it out to keep every draft)")
+        self._waiting.append(_Req(rid, prompt_len, decode_steps, self.tick if arrive is None else arrive,
+                                  preempt_after, list(accept) if accept else None))
+
+    def finish(self, rid: int, preempt: bool = False) -> None:
+        """End a running request between steps; its blocks are freed. Preempted, it waits to be
+        recomputed from scratch (`vllm/v1/core/sched/scheduler.py: Scheduler._preempt_request`)."""
+        r = next((r for r in self._running if r.rid == rid), None)
+        if r is None:
+            raise BadInput(f"request {rid} is not running")
+        self._release(r, preempt, self.tick)
+
+    def step(self, accepted: Mapping[int, int] | None = None) -> StepBatch | None:
+        """Run one tick: settle the previous step's decodes with their kept counts (`accepted`:
+        rid -> 1..1+K; a request left out takes its `accept` list's next value, or keeps all 1+K),
+        then schedule decodes, continuing chunks and new requests within the budget (vLLM:
+        running requests first, then waiting ones, a chunk clipped to the budget left;
+        `Scheduler.schedule`). A prompt that fits a step's budget waits for a step it fits whole
+        instead of being chunked (what `repro run`'s sequences always did); only a prompt longer
+        than the budget is split. Returns the step, or None when nothing could run (the tick
+        passes all the same)."""
+        self._settle(accepted)
+        t, budget, k = self.tick, self.max_tokens, self.spec_tokens
+        self.tick += 1
+        rows: list[tuple[_Req, int, bool]] = []  # (request, query length, is a decode)
+        for r in self._running:
+            if r.num_computed >= r.target:
+                if 1 + k > budget:
+                    break  # a decode is 1+K tokens or none: the rest wait (FCFS)
+                rows.append((r, 1 + k, True))
+                budget -= 1 + k
+        for r in self._running:
+            if r.num_computed < r.target and budget > 0:
+                n = min(r.target - r.num_computed, budget)
+                rows.append((r, n, False))
+                budget -= n
+        for r in list(self._waiting):
+            if r.arrive > t or len(self.free) < 1 + k:
                 continue
-            plen = r.prompt_len + r._generated if hasattr(r, "_generated") else r.prompt_len
-            plen = min(plen, seq.max_tokens)
-            if plen > budget:
-                break
-            slot = free.pop(0)
-            waiting.remove(r)
+            need = r.prefill_len()
+            if need <= budget:
+                n = need
+            elif need > self.max_tokens and budget > 0:
+                n = budget  # it never fits whole: a first chunk of what is left
+            else:
+                break  # it fits a step whole: it waits for one (FCFS)
+            self._admit(r, need)
+            rows.append((r, n, False))
+            budget -= n
+        if not rows:
+            return None
+        return self._emit(rows, t)
+
+    def dummy(self, accepted: Mapping[int, int] | None = None) -> StepBatch:
+        """One tick of an idle data-parallel rank: the other ranks run a step, this one runs
+        `_dummy_run(1+K, uniform_decode=True)` (`vllm/v1/worker/gpu_worker.py:
+        Worker.execute_dummy_batch`), with no requests. Only on a data-parallel rank with nothing
+        to run."""
+        if not self.data_parallel:
+            raise BadInput("a dummy step needs data_parallel (only an idle data-parallel rank runs one)")
+        if not self.idle():
+            raise BadInput(f"tick {self.tick}: a dummy step while requests can run")
+        self._settle(accepted)
+        self.tick += 1
+        b = StepBatch([], [], [], [], [], step=self.emitted, live_slots=self.owned(), num_computed=[],
+                      prompt_lens=[], draft_lens=[], num_accepted=[], blocks=[], finished=self._finished, dummy=True)
+        self._finished = []
+        self.emitted += 1
+        return b
+
+    # -- inside ---------------------------------------------------------------------------------
+
+    def _check_kept(self, rid: int, a) -> None:
+        if not isinstance(a, int) or isinstance(a, bool) or not 1 <= a <= 1 + self.spec_tokens:
+            raise BadInput(f"request {rid}: a kept count of {a!r}; a spec decode keeps 1..{1 + self.spec_tokens}")
+
+    def _settle(self, accepted: Mapping[int, int] | None) -> None:
+        """The previous step's decodes keep `a` of their 1+K tokens (the bonus token and a-1
+        drafts): num_computed advances by `a`, the rejected drafts roll back
+        (`Scheduler.update_from_output`: num_computed_tokens -= num_rejected), and `a` is what the
+        request's next step reports as num_accepted (`vllm/v1/worker/gpu_model_runner.py:
+        GPUModelRunner._update_states_after_model_execute`)."""
+        accepted = dict(accepted or {})
+        for r in self._running + self._waiting:
+            if not r.pending:
+                continue
+            if r.rid in accepted:
+                a = accepted.pop(r.rid)
+            elif r.accept:
+                a = r.accept[r.taken % len(r.accept)]
+                r.taken += 1
+            else:
+                a = 1 + self.spec_tokens
+            self._check_kept(r.rid, a)
+            c = r.num_computed
+            r.drafted.update(range(c + 1, c + a))
+            r.num_computed, r.num_accepted, r.pending = c + a, a, False
+        if accepted:
+            raise BadInput(f"request {next(iter(accepted))} had no decode in the previous step to keep tokens of")
+
+    def _admit(self, r: _Req, need: int) -> None:
+        self._waiting.remove(r)
+        r.blocks, self.free = self.free[: 1 + self.spec_tokens], self.free[1 + self.spec_tokens:]
+        r.target, r.num_computed, r.decodes, r.num_accepted = need, 0, 0, 1  # InputBatch.add_request: accepted 1
+        self._running.append(r)
+
+    def _release(self, r: _Req, preempt: bool, arrive: int) -> None:
+        self._running.remove(r)
+        self.free = sorted(self.free + r.blocks)
+        r.blocks = []
+        self._finished.append(r.rid)
+        if preempt:
+            r.preempted, r.arrive = True, arrive
+            self._waiting.append(r)
+
+    def _tok(self, r: _Req, pos: int) -> int:
+        return (_draft if pos in r.drafted else _token)(self.seed, r.rid, pos, self.vocab)
+
+    def _emit(self, rows, t: int) -> StepBatch:
+        k = self.spec_tokens
+        ids, slots, qlens, init, toks = [], [], [], [], []
+        computed, prompts, drafts, accepted, blocks = [], [], [], [], []
+        for r, q, decode in rows:
+            c = r.num_computed
             ids.append(r.rid)
-            slots.append(slot)
-            qlens.append(plen)
-            init.append(False)
-            toks.extend(_token(seq.seed, r.rid, p, seq.vocab) for p in range(plen))
-            budget -= plen
-            admitted.append({"req": r, "slot": slot, "done": 0, "pos": plen})
-        if ids:
-            still = []
-            for run in running:
-                run["pos"] += 1
-                run["done"] += 1
-                r = run["req"]
-                if run["done"] >= r.decode_steps:
-                    free.append(run["slot"])
-                elif r.preempt_after is not None and run["done"] == r.preempt_after and not getattr(r, "_preempted", False):
-                    free.append(run["slot"])  # preempted: slot freed, recomputed later from scratch
-                    r._preempted = True
-                    r._generated = run["done"]
-                    r.arrive = t + 1
-                    waiting.append(r)
-                else:
-                    still.append(run)
-            for a in admitted:
-                if a["req"].decode_steps > 0:
-                    still.append(a)
-                else:
-                    free.append(a["slot"])
-            free.sort()
-            running = still
-            steps.append(StepBatch(ids, slots, qlens, init, toks, step=len(steps),
-                                   live_slots=sorted(r["slot"] for r in running)))
-        t += 1
-        if t > 10_000:
+            slots.append(r.blocks[0])
+            qlens.append(q)
+            init.append(c > 0)
+            computed.append(c)
+            prompts.append(r.prompt_len)
+            drafts.append(k if decode else 0)
+            accepted.append(r.num_accepted)
+            blocks.append(list(r.blocks))
+            if decode:
+                toks.append(self._tok(r, c))
+                toks.extend(_draft(self.seed, r.rid, c + j, self.vocab) for j in range(1, k + 1))
+            else:
+                toks.extend(self._tok(r, p) for p in range(c, c + q))
+        finished, self._finished = self._finished, []
+        for r, q, decode in rows:
+            if decode:
+                r.pending = True
+                r.decodes += 1
+                if r.decode_steps is not None and r.decodes >= r.decode_steps:
+                    self._release(r, False, t + 1)
+                elif r.preempt_after is not None and r.decodes == r.preempt_after and not r.preempted:
+                    self._release(r, True, t + 1)
+            else:
+                r.num_computed += q
+                r.num_accepted = 1
+                if r.num_computed >= r.target and r.decode_steps == 0:
+                    self._release(r, False, t + 1)
+        b = StepBatch(ids, slots, qlens, init, toks, step=self.emitted, live_slots=self.owned(),
+                      num_computed=computed, prompt_lens=prompts, draft_lens=drafts, num_accepted=accepted,
+                      blocks=blocks, finished=finished)
+        self.emitted += 1
+        return b
+
+
+def schedule(seq, usable_slots=None) -> list[StepBatch]:
+    """The steps of `seq` (a `sequence.Sequence`): its requests added in arrival order, one
+    `Scheduler.step` a tick, a dummy step on each idle tick of a data-parallel rank while requests
+    are still to arrive, and `tail_dummies` dummy steps after the last request finishes.
+
+    `usable_slots`: the state rows requests may use, as `Sequence.batches` takes them (None:
+    1..num_slots, the pad sentinel 0's; range(num_slots): the sentinel -1's). With K > 0 every
+    request needs 1+K blocks: the pool is num_slots * (1+K) consecutive blocks from the lowest
+    usable row."""
+    k = seq.spec_tokens
+    if usable_slots is None:
+        pool = block_pool(seq.num_slots, k)
+    elif k == 0:
+        pool = list(usable_slots)
+    else:
+        pool = block_pool(seq.num_slots, k, min(usable_slots))
+    if seq.tail_dummies and not seq.data_parallel:
+        raise BadInput(f"tail_dummies {seq.tail_dummies} needs data_parallel (only an idle data-parallel rank runs one)")
+    sched = Scheduler(seq.max_tokens, pool, k, seq.vocab, seq.seed, seq.data_parallel)
+    for r in sorted(seq.requests, key=lambda r: (r.arrive, r.rid)):
+        sched.add(r.rid, r.prompt_len, r.decode_steps, r.arrive, r.preempt_after, r.accept)
+    limit = TICK_LIMIT + max((r.arrive for r in seq.requests), default=0)
+    steps: list[StepBatch] = []
+    while not sched.done():
+        if seq.data_parallel and sched.idle():
+            steps.append(sched.dummy())
+        else:
+            b = sched.step()
+            if b is not None:
+                steps.append(b)
+        if sched.tick > limit:
             raise BadInput("the sequence does not finish (a request can never be scheduled)")
+    steps.extend(sched.dummy() for _ in range(seq.tail_dummies))
     return steps

@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 
 from ..errors import BadInput
+from .scheduler import MAX_SPEC_TOKENS
 
-_REQ = {"rid": (int,), "prompt_len": (int,), "decode_steps": (int,), "arrive": (int,), "preempt_after": (int, None)}
+_REQ = {"rid": (int,), "prompt_len": (int,), "decode_steps": (int,), "arrive": (int,), "preempt_after": (int, None),
+        "accept": (list, None)}
 _STEP = ("step", "request_ids", "slots", "query_lens", "has_initial_state", "token_ids")
+# Per-request lists a step may carry beyond the first five (`StepBatch`), each entry's range as a
+# function of K: num_accepted is 1..1+K, draft_lens 0..K.
+_PER_REQUEST = {"num_computed": lambda k: (0, None), "prompt_lens": lambda k: (1, None),
+                "draft_lens": lambda k: (0, k), "num_accepted": lambda k: (1, 1 + k)}
+_STEP_OPTIONAL = ("live_slots", *_PER_REQUEST, "blocks", "finished", "dummy")
 MAX_SLOTS = 4096
+PROMPT_BUDGETS = 64  # a prompt may span this many steps' budgets (chunked prefill)
 
 
 def _int(v, src: str, lo: int | None = None, hi: int | None = None, none: bool = False):
@@ -20,14 +28,19 @@ def _int(v, src: str, lo: int | None = None, hi: int | None = None, none: bool =
         raise BadInput(f"{src}: {v} is out of range {lo if lo is not None else ''}..{hi if hi is not None else ''}")
 
 
-def _slot(v, src: str, num_slots: int) -> None:
-    """A state slot: an integer that is a slot for one of the two pad sentinels. Which one the
+def _slot(v, src: str, blocks: int) -> None:
+    """A state block: an integer that is a block for one of the two pad sentinels. Which one the
     run uses is known only when it starts (`Sequence.check_fits`), so the message names both
     ranges in the words `check_fits` uses for the one it checks."""
     _int(v, src)
-    if not 0 <= v <= num_slots:
-        raise BadInput(f"{src}: {v} is out of range 1..{num_slots} (pad sentinel 0) and 0..{num_slots - 1} "
-                       f"(pad sentinel -1) for num_slots {num_slots}")
+    if not 0 <= v <= blocks:
+        raise BadInput(f"{src}: {v} is out of range 1..{blocks} (pad sentinel 0) and 0..{blocks - 1} "
+                       f"(pad sentinel -1) for {blocks} state blocks")
+
+
+def _bool(v, src: str) -> None:
+    if not isinstance(v, bool):
+        raise BadInput(f"{src}: expected true or false, got {json.dumps(v)[:40]}")
 
 
 def _list(v, src: str) -> list:
@@ -43,7 +56,8 @@ def check_json(d, source: str = "sequence") -> None:
     overflow the captured buffers and be reported as a false divergence)."""
     if not isinstance(d, dict):
         raise BadInput(f"{source}: expected a JSON object with requests or steps, got {type(d).__name__}")
-    known = {"requests", "num_slots", "max_tokens", "vocab", "seed", "steps", "max_steps"}
+    known = {"requests", "num_slots", "max_tokens", "vocab", "seed", "steps", "max_steps", "spec_tokens",
+             "data_parallel", "tail_dummies"}
     extra = sorted(set(d) - known)
     if extra:
         raise BadInput(f"{source}: unknown key {extra[0]!r} (known: {', '.join(sorted(known))})")
@@ -52,73 +66,144 @@ def check_json(d, source: str = "sequence") -> None:
     _int(d.get("vocab", 512), f"{source}: vocab", 1)
     _int(d.get("seed", 0), f"{source}: seed")
     _int(d.get("max_steps"), f"{source}: max_steps", 1, none=True)
-    num_slots, max_tokens, vocab = d.get("num_slots", 8), d.get("max_tokens", 16), d.get("vocab", 512)
+    _int(d.get("spec_tokens", 0), f"{source}: spec_tokens", 0, MAX_SPEC_TOKENS)
+    _bool(d.get("data_parallel", False), f"{source}: data_parallel")
+    _int(d.get("tail_dummies", 0), f"{source}: tail_dummies", 0, 100_000)
+    num_slots, max_tokens, k = d.get("num_slots", 8), d.get("max_tokens", 16), d.get("spec_tokens", 0)
+    if max_tokens < 1 + k:
+        raise BadInput(f"{source}: max_tokens {max_tokens} cannot hold one decode of 1+spec_tokens = {1 + k} tokens")
+    if d.get("tail_dummies", 0) and not d.get("data_parallel", False):
+        raise BadInput(f"{source}: tail_dummies {d['tail_dummies']} needs data_parallel (only an idle "
+                       "data-parallel rank runs dummy steps)")
     reqs = _list(d.get("requests", []), f"{source}: requests")
     steps = _list(d.get("steps", []), f"{source}: steps")
     if not reqs and not steps:
         raise BadInput(f"{source}: no requests and no steps (nothing to replay)")
-    rids = set()
+    rids: set[int] = set()
     for i, r in enumerate(reqs):
-        src = f"{source}: requests[{i}]"
-        if not isinstance(r, dict):
-            raise BadInput(f"{src}: expected an object, got {type(r).__name__}")
-        missing = [k for k in ("rid", "prompt_len", "decode_steps") if k not in r]
-        if missing:
-            raise BadInput(f"{src}: missing key {missing[0]!r}")
-        for k in r:
-            if k not in _REQ:
-                raise BadInput(f"{src}: unknown key {k!r}")
-        _int(r["rid"], f"{src}.rid", 0)
+        _check_request(r, f"{source}: requests[{i}]", max_tokens, k)
         if r["rid"] in rids:
-            raise BadInput(f"{src}.rid: {r['rid']} is the rid of an earlier request too")
+            raise BadInput(f"{source}: requests[{i}].rid: {r['rid']} is the rid of an earlier request too")
         rids.add(r["rid"])
-        _int(r["prompt_len"], f"{src}.prompt_len", 1, max_tokens)
-        _int(r["decode_steps"], f"{src}.decode_steps", 0, 100_000)
-        _int(r.get("arrive", 0), f"{src}.arrive", 0, 100_000)
-        _int(r.get("preempt_after"), f"{src}.preempt_after", 1, none=True)
     for i, s in enumerate(steps):
         src = f"{source}: steps[{i}]"
-        if not isinstance(s, dict):
-            raise BadInput(f"{src}: expected an object, got {type(s).__name__}")
-        for k in _STEP:
-            if k not in s:
-                raise BadInput(f"{src}: missing key {k!r}")
-        for k in s:
-            if k not in _STEP and k != "live_slots":
-                raise BadInput(f"{src}: unknown key {k!r}")
-        _int(s["step"], f"{src}.step", 0)
+        _check_step(s, src, num_slots * (1 + k), max_tokens, d.get("vocab", 512), k)
         if s["step"] != i:
             raise BadInput(f"{src}.step: {s['step']}, but it is step {i} of the file (steps are numbered 0, 1, 2, ...)")
-        n = len(_list(s["request_ids"], f"{src}.request_ids"))
-        if n == 0:
-            raise BadInput(f"{src}.request_ids: empty (a step schedules at least one request)")
-        for k in ("slots", "query_lens", "has_initial_state"):
-            if len(_list(s[k], f"{src}.{k}")) != n:
-                raise BadInput(f"{src}.{k}: {len(s[k])} entries, but request_ids has {n}")
-        for j, v in enumerate(s["request_ids"]):
-            _int(v, f"{src}.request_ids[{j}]", 0)
-            if rids and v not in rids:
-                raise BadInput(f"{src}.request_ids[{j}]: request id {v} is not in requests (rids: "
-                               f"{', '.join(map(str, sorted(rids)[:8]))}{', ...' if len(rids) > 8 else ''})")
-        if len(set(s["request_ids"])) != n:
-            dup = next(x for x in s["request_ids"] if s["request_ids"].count(x) > 1)
-            raise BadInput(f"{src}.request_ids: duplicate request id {dup} (a request is scheduled once a step)")
-        for j, v in enumerate(s["slots"]):
-            _slot(v, f"{src}.slots[{j}]", num_slots)
-        if len(set(s["slots"])) != n:
-            raise BadInput(f"{src}.slots: duplicate slot {next(x for x in s['slots'] if s['slots'].count(x) > 1)} "
-                           "(two requests of one step cannot share a state slot)")
-        for j, v in enumerate(s["query_lens"]):
-            _int(v, f"{src}.query_lens[{j}]", 1, max_tokens)
-        for j, v in enumerate(s["has_initial_state"]):
-            if not isinstance(v, bool):
-                raise BadInput(f"{src}.has_initial_state[{j}]: expected true or false, got {json.dumps(v)[:40]}")
-        toks = _list(s["token_ids"], f"{src}.token_ids")
-        if len(toks) != sum(s["query_lens"]):
-            raise BadInput(f"{src}.token_ids: {len(toks)} ids, but query_lens sum to {sum(s['query_lens'])}")
-        if len(toks) > max_tokens:
-            raise BadInput(f"{src}.token_ids: {len(toks)} tokens in one step, more than max_tokens {max_tokens}")
-        for j, v in enumerate(toks):
-            _int(v, f"{src}.token_ids[{j}]", 0, vocab - 1)
-        for j, v in enumerate(_list(s.get("live_slots", []), f"{src}.live_slots")):
-            _slot(v, f"{src}.live_slots[{j}]", num_slots)
+        _check_request_ids(s["request_ids"], src, rids)
+
+
+def _check_request_ids(ids: list, src: str, rids: set[int]) -> None:
+    """A step's requests: each scheduled once, and each one of the file's requests when it lists any."""
+    for j, v in enumerate(ids):
+        if rids and v not in rids:
+            raise BadInput(f"{src}.request_ids[{j}]: request id {v} is not in requests (rids: "
+                           f"{', '.join(map(str, sorted(rids)[:8]))}{', ...' if len(rids) > 8 else ''})")
+    if len(set(ids)) != len(ids):
+        dup = next(x for x in ids if ids.count(x) > 1)
+        raise BadInput(f"{src}.request_ids: duplicate request id {dup} (a request is scheduled once a step)")
+
+
+def _check_request(r, src: str, max_tokens: int, k: int) -> None:
+    if not isinstance(r, dict):
+        raise BadInput(f"{src}: expected an object, got {type(r).__name__}")
+    missing = [key for key in ("rid", "prompt_len", "decode_steps") if key not in r]
+    if missing:
+        raise BadInput(f"{src}: missing key {missing[0]!r}")
+    for key in r:
+        if key not in _REQ:
+            raise BadInput(f"{src}: unknown key {key!r}")
+    _int(r["rid"], f"{src}.rid", 0)
+    _int(r["prompt_len"], f"{src}.prompt_len", 1, PROMPT_BUDGETS * max_tokens)
+    _int(r["decode_steps"], f"{src}.decode_steps", 0, 100_000)
+    _int(r.get("arrive", 0), f"{src}.arrive", 0, 100_000)
+    _int(r.get("preempt_after"), f"{src}.preempt_after", 1, none=True)
+    if r.get("accept") is not None:
+        if not _list(r["accept"], f"{src}.accept"):
+            raise BadInput(f"{src}.accept: empty (leave it out, or null, to keep every draft)")
+        for j, v in enumerate(r["accept"]):
+            _int(v, f"{src}.accept[{j}]", 1, 1 + k)
+
+
+def _check_step(s, src: str, blocks: int, max_tokens: int, vocab: int, k: int) -> None:
+    """One explicit step; `blocks`: the highest state block (num_slots * (1+K))."""
+    if not isinstance(s, dict):
+        raise BadInput(f"{src}: expected an object, got {type(s).__name__}")
+    for key in _STEP:
+        if key not in s:
+            raise BadInput(f"{src}: missing key {key!r}")
+    for key in s:
+        if key not in _STEP and key not in _STEP_OPTIONAL:
+            raise BadInput(f"{src}: unknown key {key!r}")
+    _int(s["step"], f"{src}.step", 0)
+    dummy = s.get("dummy", False)
+    _bool(dummy, f"{src}.dummy")
+    n = len(_list(s["request_ids"], f"{src}.request_ids"))
+    if n == 0 and not dummy:
+        raise BadInput(f"{src}.request_ids: empty (a step schedules at least one request; a dummy step says dummy)")
+    if n and dummy:
+        raise BadInput(f"{src}.request_ids: {n} requests in a dummy step (an idle rank's dummy run has none)")
+    for key in ("slots", "query_lens", "has_initial_state"):
+        if len(_list(s[key], f"{src}.{key}")) != n:
+            raise BadInput(f"{src}.{key}: {len(s[key])} entries, but request_ids has {n}")
+    for j, v in enumerate(s["request_ids"]):
+        _int(v, f"{src}.request_ids[{j}]", 0)
+    for j, v in enumerate(s["slots"]):
+        _slot(v, f"{src}.slots[{j}]", blocks)
+    if len(set(s["slots"])) != n:
+        raise BadInput(f"{src}.slots: duplicate slot {next(x for x in s['slots'] if s['slots'].count(x) > 1)} "
+                       "(two requests of one step cannot share a state slot)")
+    for j, v in enumerate(s["query_lens"]):
+        _int(v, f"{src}.query_lens[{j}]", 1, max_tokens)
+    for j, v in enumerate(s["has_initial_state"]):
+        _bool(v, f"{src}.has_initial_state[{j}]")
+    toks = _list(s["token_ids"], f"{src}.token_ids")
+    if len(toks) != sum(s["query_lens"]):
+        raise BadInput(f"{src}.token_ids: {len(toks)} ids, but query_lens sum to {sum(s['query_lens'])}")
+    if len(toks) > max_tokens:
+        raise BadInput(f"{src}.token_ids: {len(toks)} tokens in one step, more than max_tokens {max_tokens}")
+    for j, v in enumerate(toks):
+        _int(v, f"{src}.token_ids[{j}]", 0, vocab - 1)
+    for j, v in enumerate(_list(s.get("live_slots", []), f"{src}.live_slots")):
+        _slot(v, f"{src}.live_slots[{j}]", blocks)
+    for j, v in enumerate(_list(s.get("finished", []), f"{src}.finished")):
+        _int(v, f"{src}.finished[{j}]", 0)
+    _check_request_lists(s, src, n, blocks, k)
+
+
+def _check_request_lists(s: dict, src: str, n: int, blocks: int, k: int) -> None:
+    """The optional per-request lists: one entry a request, in range, and agreeing with the first
+    five (has_initial_state is num_computed > 0; a row's drafts end its query; its first block is
+    its slot; no block held by two requests)."""
+    for key, bounds in _PER_REQUEST.items():
+        if key not in s:
+            continue
+        if len(_list(s[key], f"{src}.{key}")) != n:
+            raise BadInput(f"{src}.{key}: {len(s[key])} entries, but request_ids has {n}")
+        lo, hi = bounds(k)
+        for j, v in enumerate(s[key]):
+            _int(v, f"{src}.{key}[{j}]", lo, hi)
+    if "num_computed" in s:
+        for j, (c, h) in enumerate(zip(s["num_computed"], s["has_initial_state"])):
+            if h != (c > 0):
+                raise BadInput(f"{src}.has_initial_state[{j}]: {json.dumps(h)}, but num_computed[{j}] is {c}")
+    if "draft_lens" in s:
+        for j, (dl, q) in enumerate(zip(s["draft_lens"], s["query_lens"])):
+            if dl >= q:
+                raise BadInput(f"{src}.draft_lens[{j}]: {dl} drafts in a query of {q} (a spec row also has its bonus token)")
+    if "blocks" not in s:
+        return
+    rows = _list(s["blocks"], f"{src}.blocks")
+    if len(rows) != n:
+        raise BadInput(f"{src}.blocks: {len(rows)} entries, but request_ids has {n}")
+    for j, row in enumerate(rows):
+        if len(_list(row, f"{src}.blocks[{j}]")) != 1 + k:
+            raise BadInput(f"{src}.blocks[{j}]: {len(row)} blocks, but a request holds 1+spec_tokens = {1 + k}")
+        for m, v in enumerate(row):
+            _int(v, f"{src}.blocks[{j}][{m}]", 0, blocks)
+        if row[0] != s["slots"][j]:
+            raise BadInput(f"{src}.blocks[{j}]: starts at {row[0]}, but slots[{j}] is {s['slots'][j]} "
+                           "(a request's slot is its running block, the first)")
+    held = [v for row in rows for v in row]
+    if len(set(held)) != len(held):
+        raise BadInput(f"{src}.blocks: block {next(x for x in held if held.count(x) > 1)} held by two requests")

@@ -1,12 +1,14 @@
-"""Request sequences: requests arrive with a prompt, decode for a while, finish or are
-preempted; a scheduler turns them into steps (mixed prefill + decode batches) and allocates,
-frees and reuses state slots (slot reuse is where stale state bites). Seeded, JSON-able."""
+"""Request sequences: requests arrive with a prompt, decode for a while (with K draft tokens a
+step when speculative decoding is on), finish or are preempted; the scheduler turns them into
+steps (mixed prefill + decode batches, long prompts in chunks, dummy steps on an idle
+data-parallel rank) and allocates, frees and reuses state blocks (reuse is where stale state
+bites). Seeded, JSON-able."""
 from __future__ import annotations
 
 import random
 from dataclasses import asdict, dataclass, field
 
-from ..control.batch import StepBatch
+from ..control.batch import OPTIONAL, StepBatch
 from ..errors import BadInput
 from ..io import read_json
 from .schema import check_json
@@ -20,6 +22,10 @@ class Request:
     decode_steps: int
     arrive: int = 0  # first step it may be scheduled
     preempt_after: int | None = None  # preempted after this many decode steps, then recomputed
+    accept: list[int] | None = None  # kept count (1..1+K) of each spec decode, in order, cycled; None: all
+
+
+_SEQ_KEYS = ("num_slots", "max_tokens", "vocab", "seed", "max_steps", "spec_tokens", "data_parallel", "tail_dummies")
 
 
 @dataclass
@@ -31,9 +37,18 @@ class Sequence:
     seed: int = 0
     steps: list[dict] = field(default_factory=list)  # explicit steps (a shrunk/replayed sequence)
     max_steps: int | None = None  # cut the scheduled steps to this many
+    spec_tokens: int = 0  # K: draft tokens of each decode (0..4)
+    data_parallel: bool = False  # one rank of several: it runs a dummy step on each idle tick
+    tail_dummies: int = 0  # dummy steps after the last request finishes (data_parallel)
+
+    def blocks_per_request(self) -> int:
+        return 1 + self.spec_tokens
 
     def to_json(self) -> dict:
         d = asdict(self)
+        for r in d["requests"]:
+            if r["accept"] is None:
+                del r["accept"]
         d["steps"] = [b.to_json() for b in self.batches()]
         return d
 
@@ -42,8 +57,7 @@ class Sequence:
         """Build from a JSON object after `check_json` (bad input names `source` and the field)."""
         check_json(d, source)
         reqs = [Request(**r) for r in d.get("requests", [])]
-        keys = ("num_slots", "max_tokens", "vocab", "seed", "max_steps")
-        return cls(requests=reqs, steps=[dict(s) for s in d.get("steps", [])], **{k: d[k] for k in keys if k in d})
+        return cls(requests=reqs, steps=[dict(s) for s in d.get("steps", [])], **{k: d[k] for k in _SEQ_KEYS if k in d})
 
     @classmethod
     def load(cls, path) -> "Sequence":
@@ -55,35 +69,69 @@ class Sequence:
 
     def check_fits(self, vocab: int, sentinel: int, source: str = "sequence") -> None:
         """What only the run knows: every token id must be a row of the model's embedding, and
-        explicit slots must be state rows the kernel does not treat as padding (with the pad
-        sentinel 0, row 0 is the null block and slots are 1..num_slots; with -1, 0..num_slots-1)."""
+        explicit slots and blocks must be state rows the kernel does not treat as padding (with the
+        pad sentinel 0, row 0 is the null block and blocks are 1..num_slots*(1+K); with -1,
+        0..num_slots*(1+K)-1)."""
         if self.vocab > vocab:
             raise BadInput(f"{source}: vocab {self.vocab} is larger than the model's vocab_size {vocab}")
-        lo, hi = (1, self.num_slots) if sentinel == 0 else (0, self.num_slots - 1)
+        n = self.num_slots * self.blocks_per_request()
+        lo, hi = (1, n) if sentinel == 0 else (0, n - 1)
         for b in self.steps:
-            bad = [x for x in b["slots"] if not lo <= x <= hi]
-            if bad:
-                raise BadInput(f"{source}: steps[{b['step']}].slots: {bad[0]} is out of range {lo}..{hi} "
-                               f"(num_slots {self.num_slots}, pad sentinel {sentinel})")
+            for key, vals in (("slots", b["slots"]), ("blocks", [x for row in b.get("blocks") or [] for x in row])):
+                bad = [x for x in vals if not lo <= x <= hi]
+                if bad:
+                    raise BadInput(f"{source}: steps[{b['step']}].{key}: {bad[0]} is out of range {lo}..{hi} "
+                                   f"(num_slots {self.num_slots}, spec_tokens {self.spec_tokens}, "
+                                   f"pad sentinel {sentinel})")
             bad = [t for t in b["token_ids"] if t >= vocab]
             if bad:
                 raise BadInput(f"{source}: steps[{b['step']}].token_ids: {bad[0]} is not below the model's "
                                f"vocab_size {vocab}")
 
     def batches(self, usable_slots=None) -> list[StepBatch]:
+        """The steps: the explicit ones as they were saved, else the scheduler's (`schedule`)."""
         if self.steps:
             return [StepBatch(**{k: s[k] for k in ("request_ids", "slots", "query_lens", "has_initial_state",
-                                                   "token_ids", "step")}, live_slots=s.get("live_slots", s["slots"]))
+                                                   "token_ids", "step")}, live_slots=s.get("live_slots", _owned(s)),
+                              **{k: s[k] for k in OPTIONAL if k in s})
                     for s in self.steps]
         return schedule(self, usable_slots)[: self.max_steps]
 
 
+def _owned(step: dict) -> list[int]:
+    """A saved step without live_slots: the blocks its requests hold (its slots, before blocks existed)."""
+    if step.get("blocks"):
+        return sorted(b for row in step["blocks"] for b in row)
+    return step["slots"]
+
+
 def random_sequence(seed: int, num_requests: int = 12, num_slots: int = 8, max_tokens: int = 16,
-                    vocab: int = 512, max_decode: int = 24) -> Sequence:
+                    vocab: int = 512, max_decode: int = 24, spec_tokens: int = 0, data_parallel: bool = False,
+                    chunked_prefill: bool = False) -> Sequence:
+    """A seeded sequence. With the defaults, the draws `repro run`'s rows were made with. With
+    K = `spec_tokens` > 0, `chunked_prefill` (prompts longer than the budget) or `data_parallel`:
+    prompt lengths concentrated on the scheduler's edges (1, 1+K, and with chunking
+    max_tokens+1 and k*max_tokens + 1+K, whose last chunk is decode-shaped), kept-count lists,
+    and arrivals in bursts with gaps between them (idle ticks: dummy steps on a data-parallel rank)."""
     rng = random.Random(seed)
     reqs = []
+    if not (spec_tokens or data_parallel or chunked_prefill):
+        for rid in range(num_requests):
+            reqs.append(Request(rid=rid, prompt_len=rng.randint(1, max(1, max_tokens // 2)),
+                                decode_steps=rng.randint(1, max_decode), arrive=rng.randint(0, 3 * num_requests),
+                                preempt_after=rng.choice([None, None, None, rng.randint(1, 4)])))
+        return Sequence(reqs, num_slots=num_slots, max_tokens=max_tokens, vocab=vocab, seed=seed)
+    k = spec_tokens
+    edges = [1, 1 + k]
+    if chunked_prefill:
+        edges += [max_tokens + 1, max_tokens + 1 + k, 2 * max_tokens + 1 + k]
+    top = 3 * max_tokens if chunked_prefill else max(1, max_tokens // 2)
+    arrive = 0
     for rid in range(num_requests):
-        reqs.append(Request(rid=rid, prompt_len=rng.randint(1, max(1, max_tokens // 2)),
-                            decode_steps=rng.randint(1, max_decode), arrive=rng.randint(0, 3 * num_requests),
-                            preempt_after=rng.choice([None, None, None, rng.randint(1, 4)])))
-    return Sequence(reqs, num_slots=num_slots, max_tokens=max_tokens, vocab=vocab, seed=seed)
+        prompt = rng.choice(edges) if rng.random() < 0.6 else rng.randint(1, top)
+        arrive += rng.choice([0, 0, 1, 2, max_decode + 3])
+        accept = [rng.randint(1, 1 + k) for _ in range(rng.randint(1, 4))] if k else None
+        reqs.append(Request(rid=rid, prompt_len=prompt, decode_steps=rng.randint(1, max_decode), arrive=arrive,
+                            preempt_after=rng.choice([None, None, None, rng.randint(1, 4)]), accept=accept))
+    return Sequence(reqs, num_slots=num_slots, max_tokens=max_tokens, vocab=vocab, seed=seed, spec_tokens=k,
+                    data_parallel=data_parallel, tail_dummies=rng.randint(0, 2) if data_parallel else 0)

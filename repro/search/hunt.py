@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky
 
@@ -30,7 +29,8 @@ from ..model.tiny import default_checkpoint
 from ..progress import for_cases
 from ..report import check_output as check_report_dir
 from ..report import write_report
-from ..scheduler.sequence import Request, Sequence
+from ..scheduler.sequence import Sequence
+from .strategies import sequences, size_of, space_for
 
 PROFILES = ("ci", "dev", "soak")
 DEFAULT_MAX_EXAMPLES = 60  # without --profile and without --max-examples
@@ -48,32 +48,6 @@ def register_profiles(cache=None) -> None:
                               **{**common, "database": None})
     settings.register_profile("dev", max_examples=150, **common)
     settings.register_profile("soak", max_examples=5000, **common)
-
-
-def requests_st(max_requests: int = 5, max_tokens: int = 8, max_decode: int = 6, max_prompt: int | None = None):
-    req = st.builds(
-        lambda p, d, a, pre: (p, d, a, pre),
-        st.integers(1, max_prompt or max_tokens), st.integers(0, max_decode), st.integers(0, 3),
-        st.one_of(st.none(), st.integers(1, 3)))
-    return st.lists(req, min_size=1, max_size=max_requests).map(
-        lambda rs: [Request(i, p, d, a, pre) for i, (p, d, a, pre) in enumerate(rs)])
-
-
-def sequences(max_requests: int = 5, max_tokens: int = 8, num_slots: int = 4, vocab: int = 512,
-              max_prompt: int | None = None):
-    return requests_st(max_requests, max_tokens, max_prompt=max_prompt).map(
-        lambda rs: Sequence(rs, num_slots=num_slots, max_tokens=max_tokens, vocab=vocab))
-
-
-def size_of(seq: Sequence) -> tuple[int, int]:
-    return len(seq.requests), len(seq.batches())
-
-
-def space_for(sizes) -> dict:
-    """The search space of `repro hunt`: enough slots, requests and token budget that a decode
-    batch can reach the largest captured size (16 by default), not only the smallest ones."""
-    top = max(sizes)
-    return {"max_requests": top + 2, "num_slots": top, "max_tokens": top, "max_prompt": 8}
 
 
 class FlakyHunt(Exception):
