@@ -142,10 +142,10 @@ def targets(rows: list[Row]) -> dict:
 def decode_meta(batch: int, device, sentinel: int = 0):
     """GDN metadata of a pure decode step: request b in slot b (+1 when slot 0 is the null block)."""
     first = 1 if sentinel == 0 else 0
-    return GDNMeta(query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
-                   state_indices=torch.arange(first, first + batch, dtype=torch.int32, device=device),
-                   has_initial_state=torch.ones(batch, dtype=torch.bool, device=device),
-                   num_decodes=batch, num_tokens=batch)
+    return GDNMeta(batch, num_decodes=batch, num_decode_tokens=batch,
+                   non_spec_query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
+                   non_spec_state_indices=torch.arange(first, first + batch, dtype=torch.int32, device=device),
+                   has_initial_state=torch.ones(batch, dtype=torch.bool, device=device))
 
 
 def decode_batch(batch: int, token_ids: list[int], sentinel: int = 0):
