@@ -43,6 +43,34 @@ def counts(lo: int):
     return parse
 
 
+def mode(text: str) -> str:
+    """A `--mode` value in vLLM's spelling, any case, as cases spell it (`full` -> `full_and_piecewise`)."""
+    from ..control.modes import mode_name
+    from ..errors import BadInput
+    try:
+        return mode_name(text)
+    except BadInput as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+MODE_HELP = ("vLLM's CUDAGraphMode, any case: none, piecewise, full (resolves to full_and_piecewise for GDN), "
+             "full_decode_only, full_and_piecewise (default: piecewise and full_and_piecewise)")
+
+
+def stack_help() -> str:
+    from ..knobs.stacks import STACKS
+    return "every control rule as one serving stack has it: " + "; ".join(f"{s.name}: {s.what}" for s in STACKS.values())
+
+
+def _stack(s) -> None:
+    from ..knobs.stacks import STACKS
+    s.add_argument("--stack", default="fixed", choices=list(STACKS), help=stack_help())
+
+
+def _spec(s, what: str) -> None:
+    s.add_argument("--spec-tokens", type=count(0, 4), default=None, metavar="K", help=what)
+
+
 def knobs_help() -> str:
     """The hazard and repair names with one line each, from the one table (for `run --help`)."""
     from ..knobs import hazards as hz
@@ -60,7 +88,8 @@ def _common(s) -> None:
     s.add_argument("--model", help="checkpoint directory (default: the embedded tiny checkpoint)")
     s.add_argument("--device", default="auto", help="auto | cpu | cuda | xpu")
     s.add_argument("--layer", type=count(0), default=None, help="layer index (default: the first of the right type)")
-    s.add_argument("--mode", choices=["piecewise", "full"], default=None, help="capture mode (default: both)")
+    s.add_argument("--mode", type=mode, default=None, help=MODE_HELP)
+    _stack(s)
     s.add_argument("--hazard", action="append", default=[], help="plant a hazard (repeatable; listed below)")
     s.add_argument("--repair", action="append", default=[], help="apply a repair (repeatable; listed below)")
     s.add_argument("--sentinel", type=int, choices=[-1, 0], default=0,
@@ -90,6 +119,8 @@ def _run(sub, raw) -> None:
                         "--sequence file). A shorter run is the first steps of a longer one with the same --seed, "
                         "so a divergence at step 12 of a 30-step run is the last step of a 13-step run")
     s.add_argument("--seed", type=int, default=None, help="seed of the request sequence (default 0)")
+    _spec(s, "draft tokens a decode carries (speculative decoding; 0..4). Default: the plan's own, K=0 and K=2 "
+             "rows, and each hazard's (a hazard of 1+K-token dispatch runs at K=2); given, every case runs at K")
     s.add_argument("--sequence", help="replay this request sequence (JSON, e.g. from `repro hunt --save`); "
                    "not with --steps or --seed, which make the seeded sequence")
     s.add_argument("--trace", help="write per-step digests here (JSON lines), streamed into a temporary file "
@@ -117,6 +148,7 @@ def _hunt(sub, raw) -> None:
                         "failure), and one more run replays the cut minimal sequence for the result file")
     s.add_argument("--profile", default=None, choices=["ci", "dev", "soak"],
                    help="ci: 25 derandomised; dev: 150; soak: 5000 (database under $REPRO_CACHE)")
+    _spec(s, "draft tokens a decode carries in the sequences drawn (default: the hazards' own, else 0)")
     s.add_argument("--save", help="where to save the minimal sequence (default: $REPRO_CACHE/hunts/"
                                   "ISLAND-HAZARD-MODE.json)")
 
@@ -156,6 +188,9 @@ def _report(sub) -> None:
     s.add_argument("--weights", choices=["auto", "seed", "embed"], default="auto",
                    help="standalone weights: seeded if that reproduces (auto), always seeded, or embedded")
     s.add_argument("--no-verify", action="store_true", help="do not run the standalone script here")
+    from ..knobs.stacks import STACKS
+    s.add_argument("--stack", default=None, choices=list(STACKS),
+                   help="the stack profile the report states (default: the result's own)")
 
 
 def _bench(sub) -> None:
@@ -166,7 +201,12 @@ def _bench(sub) -> None:
     s.add_argument("--device", default="auto", help="auto | cpu | cuda | xpu")
     _plugin(s)
     s.add_argument("--island", default="all", help="all | chain | submod0 | gdn_core | submod1 | moe")
-    s.add_argument("--mode", choices=["piecewise", "full"], default=None, help="chain capture mode (default: both)")
+    s.add_argument("--mode", type=mode, default=None, help="chain capture mode: " + MODE_HELP)
+    _stack(s)
+    _spec(s, "draft tokens a decode carries in the lockstep and hunt rates (default 0)")
+    s.add_argument("--hunt-rates", action="store_true",
+                   help="also: for each bug of the public record, seconds to the first failing sequence and to the "
+                        "minimal one, told (--hazard) and blind (--stack naming a profile that has the bug)")
     s.add_argument("--batches", default="1,8,32", help="decode batch sizes, comma-separated")
     s.add_argument("--iters", type=count(1), default=50, help="timed samples per measurement (median)")
     s.add_argument("--warmup", type=count(0), default=5, help="untimed calls before the samples")

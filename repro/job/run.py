@@ -47,6 +47,8 @@ class RunConfig:
     repairs: tuple[str, ...] = ()
     steps: int | None = None  # None: DEFAULT_STEPS (given with `sequence`, it is refused)
     seed: int | None = None  # None: 0 (given with `sequence`, it is refused)
+    stack: str = "fixed"  # the stack profile every case starts from (`knobs.stacks`)
+    spec_tokens: int | None = None  # None: the plan's own (K=0 and K=2 rows, each hazard's K); given: every case's
     sentinel: int = 0
     sequence: Path | None = None
     trace: Path | None = None

@@ -167,6 +167,8 @@ class HuntConfig:
     mode: str | None = None
     hazards: tuple[str, ...] = ()
     repairs: tuple[str, ...] = ()
+    stack: str = "fixed"  # the stack profile searched (`knobs.stacks`); with no hazard, a blind hunt of it
+    spec_tokens: int | None = None  # None: the hazards' own K, else 0
     sentinel: int = 0
     max_examples: int | None = None
     profile: str | None = None
