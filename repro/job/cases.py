@@ -31,11 +31,32 @@ def check_knobs(hazards, repairs) -> None:
             raise BadInput(f"{what} {twice} is given twice (each hazard and repair is planted once)")
 
 
-def plan(island: str, mode: str | None, hazards, repairs, streams: bool) -> list[Case]:
-    """Explicit hazards/repairs -> one case per mode; none -> baseline plus every applicable hazard."""
+DEFAULT_SPEC = 2  # the default plan's spec-decode rows: K = 2, as the record's #53051 packet ran (MTP, k = 2)
+
+
+def sequence_needs(hazards, spec_tokens: int | None) -> tuple[int, bool]:
+    """(K, data_parallel) of a case's sequence: `spec_tokens` when given, else the hazards' own K
+    (a hazard of 1+K-token dispatch needs drafts); dummy steps when a hazard needs an idle rank's."""
+    hs = [hz.HAZARDS[h] for h in hazards if h in hz.HAZARDS]
+    k = spec_tokens if spec_tokens is not None else max((h.spec_tokens for h in hs), default=0)
+    return k, any(h.data_parallel for h in hs)
+
+
+def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_tokens: int | None = None,
+         stack: str = "fixed") -> list[Case]:
+    """Explicit hazards/repairs -> one case per mode; none -> baseline plus every applicable hazard,
+    and the chain's baseline again with K = DEFAULT_SPEC draft tokens a decode in each mode with a
+    FULL decode graph. `spec_tokens` given: every case runs at that K. Each hazard case runs the
+    sequence its hazard needs (`sequence_needs`); every case starts from `stack`'s rules."""
     whole = island in ("all", None)
     islands = (["chain"] if (hazards or repairs) else list(DEFAULT_ISLANDS)) if whole else [island]
     modes = [mode_name(mode)] if mode else list(DEFAULT_MODES)
+    base_k = spec_tokens or 0
+
+    def case(isl, m, hs=(), rs=(), expect="clean"):
+        k, dp = sequence_needs(hs, spec_tokens)
+        return Case(isl, m, tuple(hs), tuple(rs), expect, k, dp, stack)
+
     cases: list[Case] = []
     for isl in islands:
         k = kind(isl)
@@ -44,16 +65,18 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool) -> list
         for m in [mode_name(k.mode)] if k.mode else modes:
             if hazards or repairs:
                 hz.check(hazards, repairs, m, streams, "chain" if k.runs is Runs.CHAIN else isl)
-                cases.append(Case(isl, m, tuple(hazards), tuple(repairs), hz.expectation(hazards, repairs)))
+                cases.append(case(isl, m, hazards, repairs, hz.expectation(hazards, repairs)))
             else:
-                cases.append(Case(isl, m))
+                cases.append(Case(isl, m, spec_tokens=base_k, stack=stack))
     if hazards or repairs or not (whole or island == "chain"):
         return cases
+    if spec_tokens is None:
+        cases += [Case("chain", m, spec_tokens=DEFAULT_SPEC, stack=stack) for m in modes if m != "piecewise"]
     for m in modes:
         for h in hz.planted(m, streams):
-            cases.append(Case("chain", m, (h.name,), (), hz.expectation((h.name,), ())))
+            cases.append(case("chain", m, (h.name,), (), hz.expectation((h.name,), ())))
             if h.repairs:
-                cases.append(Case("chain", m, (h.name,), (h.repairs[0],), "clean"))
+                cases.append(case("chain", m, (h.name,), (h.repairs[0],), "clean"))
     return cases
 
 
@@ -63,7 +86,7 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
     """One case in lockstep. `strict`: batch variance and nondeterminism fail the case as well.
     `amplify` False: stream races are left to their natural timing (`race.py`). `reference_every`:
     run the independent reference copy every N steps (0: never; None: `reference_copy.default_every`)."""
-    opts = hz.options_for(case.hazards, case.repairs)
+    opts = hz.options_for(case.hazards, case.repairs, case.stack)
     if not amplify:
         opts = replace(opts, runner=replace(opts.runner, amplify=False))
     k = kind(case.island)
@@ -94,20 +117,32 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
 ARRIVAL_GAP = 4  # scheduler ticks between two arrivals, at most (uniform 0..4: about 0.5 a tick)
 
 
-def request_stream(seed: int, max_prompt: int = 8, max_decode: int = 24):
+ACCEPT_CYCLE = 4  # kept counts drawn per request with K > 0, cycled over its spec decodes
+
+
+def request_stream(seed: int, max_prompt: int = 8, max_decode: int = 24, spec_tokens: int = 0):
     """The seed's requests, one after another, each drawn from the same generator in the same
     order and arriving no earlier than the one before: the first k requests of a seed are the
-    same whatever k is."""
+    same whatever k is. With K > 0 each request also draws the kept counts (1..1+K) of its spec
+    decodes; with K = 0 nothing more is drawn, so K = 0 streams are the same as without drafts."""
     rng = random.Random(seed)
     t = 0
     for rid in itertools.count():
         t += rng.randint(0, ARRIVAL_GAP)
         prompt, decode = rng.randint(1, max_prompt), rng.randint(1, max_decode)
         preempt = rng.choice([None, None, None, rng.randint(1, 4)])
-        yield Request(rid=rid, prompt_len=prompt, decode_steps=decode, arrive=t, preempt_after=preempt)
+        accept = [rng.randint(1, 1 + spec_tokens) for _ in range(ACCEPT_CYCLE)] if spec_tokens else None
+        yield Request(rid=rid, prompt_len=prompt, decode_steps=decode, arrive=t, preempt_after=preempt, accept=accept)
 
 
-def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512) -> Sequence:
+def case_sequence(case: Case, seed: int, steps: int) -> Sequence:
+    """The seeded sequence a case runs: its draft tokens a decode, and an idle data-parallel
+    rank's dummy steps when it has them."""
+    return default_sequence(seed, steps, spec_tokens=case.spec_tokens, data_parallel=case.data_parallel)
+
+
+def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512, spec_tokens: int = 0,
+                     data_parallel: bool = False) -> Sequence:
     """The seeded sequence's first `steps` scheduler steps: one sequence per seed, cut, so a
     shorter run is the start of a longer one (a divergence at step 12 of a 30-step run is the
     last step of a 13-step run).
@@ -116,12 +151,14 @@ def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512
     steps: a later one arrives no earlier and the scheduler admits in arrival order, so it could
     not have either, and more requests would change nothing before the cut. The requests kept are
     those up to the last one scheduled."""
-    stream = request_stream(seed)
+    stream = request_stream(seed, spec_tokens=spec_tokens)
     reqs = list(itertools.islice(stream, steps // 2 + 8))
+    kw = dict(num_slots=num_slots, vocab=vocab, seed=seed, max_steps=steps, spec_tokens=spec_tokens,
+              data_parallel=data_parallel)
     while True:
-        seq = Sequence(reqs, num_slots=num_slots, vocab=vocab, seed=seed, max_steps=steps)
+        seq = Sequence(reqs, **kw)
         batches = seq.batches()
         if len(batches) == steps and all(reqs[-1].rid not in b.request_ids for b in batches):
-            last = max(rid for b in batches for rid in b.request_ids)
-            return Sequence(reqs[:last + 1], num_slots=num_slots, vocab=vocab, seed=seed, max_steps=steps)
+            last = max((rid for b in batches for rid in b.request_ids), default=0)
+            return Sequence(reqs[:last + 1], **kw)
         reqs += list(itertools.islice(stream, len(reqs) // 4 + 8))

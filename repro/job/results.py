@@ -31,6 +31,9 @@ class Case:
     hazards: tuple[str, ...] = ()
     repairs: tuple[str, ...] = ()
     expect: str = "clean"  # what a healthy stack gives: "clean" or "diverged"/"finding"
+    spec_tokens: int = 0  # draft tokens a decode of its sequence carries
+    data_parallel: bool = False  # its sequence has an idle data-parallel rank's dummy steps
+    stack: str = "fixed"  # the stack profile its control rules start from (`knobs.stacks`)
 
 
 @dataclass
@@ -87,7 +90,9 @@ class CaseResult:
         fd = self.first_divergence
         keys = ("step", "island", "tensor", "row", "request", "slot", "max_abs", "kind", "nonfinite")
         return {"island": self.case.island, "mode": self.case.mode, "hazards": list(self.case.hazards),
-                "repairs": list(self.case.repairs), "steps": self.steps, "diverged": self.diverged,
+                "repairs": list(self.case.repairs), "spec_tokens": self.case.spec_tokens,
+                "data_parallel": self.case.data_parallel, "stack": self.case.stack,
+                "steps": self.steps, "diverged": self.diverged,
                 "first_divergence": None if fd is None else {k: fd[k] for k in keys},
                 "microscope": fd, "findings": self.findings, "expect": self.case.expect,
                 "classification": self.classification, "strict": self.strict,

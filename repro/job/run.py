@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -119,15 +119,27 @@ def run_command(c: RunConfig) -> int:
 
     seq = Sequence.load(c.sequence) if c.sequence else None
     provider = make_provider(c.device)
-    cases = plan(c.island, c.mode, c.hazards, c.repairs, provider.supports_streams)
+    cases = plan(c.island, c.mode, c.hazards, c.repairs, provider.supports_streams, c.spec_tokens, c.stack)
     path = c.model or default_checkpoint(c.cache)
     model = Model(path, provider.device, c.layer, island="moe" if c.island == "moe" else "submod0")
     for flag in model.ckpt.stats.flags:  # loadable but suspicious (e.g. zero weight scales)
         print(f"repro: warning: {path}: {flag}", file=sys.stderr)
     if seq is not None:
         seq.check_fits(model.cfg.vocab_size, hz.options_for(c.hazards).sentinel(c.sentinel), f"--sequence {c.sequence}")
-    else:
-        seq = default_sequence(c.seed or 0, c.steps or DEFAULT_STEPS, vocab=model.cfg.vocab_size)
+        if c.spec_tokens is not None and c.spec_tokens != seq.spec_tokens:
+            raise BadInput(f"--spec-tokens {c.spec_tokens}: --sequence {c.sequence} has spec_tokens {seq.spec_tokens} "
+                           "(the file gives the drafts; leave --spec-tokens out)")
+        cases = [replace(k, spec_tokens=seq.spec_tokens, data_parallel=seq.data_parallel) for k in cases]
+    sequences = {}  # (K, data_parallel) -> the seeded sequence of that shape
+
+    def sequence_for(case):
+        if seq is not None:
+            return seq
+        key = (case.spec_tokens, case.data_parallel)
+        if key not in sequences:
+            sequences[key] = default_sequence(c.seed or 0, c.steps or DEFAULT_STEPS, vocab=model.cfg.vocab_size,
+                                              spec_tokens=key[0], data_parallel=key[1])
+        return sequences[key]
     results = []
     t0 = time.perf_counter()
     progress = for_cases(len(cases))
@@ -136,14 +148,15 @@ def run_command(c: RunConfig) -> int:
             for case in cases:
                 step_cb = progress.start(f"{case.island} {case.mode} {','.join(case.hazards) or 'baseline'}"
                                          + (f" +{','.join(case.repairs)}" if case.repairs else ""))
-                r = run_case(model, provider, case, seq, sentinel=c.sentinel, trace=trace, progress=step_cb,
+                r = run_case(model, provider, case, sequence_for(case), sentinel=c.sentinel, trace=trace, progress=step_cb,
                              strict=c.strict, amplify=c.amplify, reference_every=c.reference_every)
                 results.append(r)
                 progress.finish(verdict(r))
         finally:
             progress.clear()
     emit(format_table(results))
-    lines = [f"{len(results)} runs, {len(seq.batches())} steps each at most, {time.perf_counter() - t0:.1f} s, "
+    first = sequence_for(cases[0])
+    lines = [f"{len(results)} runs, {len(first.batches())} steps each at most, {time.perf_counter() - t0:.1f} s, "
              f"provider {provider.name} on {device_name(provider)} (replay speed: `repro bench`)"]
     used = [(v, k, r) for r in results for k, v in r.bound_usage.items()]
     if used:
@@ -155,7 +168,8 @@ def run_command(c: RunConfig) -> int:
     doc = {"command": c.command, "device": device_name(provider), "graph_provider": provider.name,
            "torch": torch.__version__, "checkpoint": str(path), "seed": None if c.sequence else c.seed or 0,
            "sentinel": c.sentinel, "layer": model.layer, "kernels": {op: registry.selected(op) for op in registry.ops()},
-           "plugins": registry.plugins(), "sequence": seq.to_json(), "results": [r.to_json() for r in results]}
+           "plugins": registry.plugins(), "stack": c.stack, "sequence": first.to_json(),
+           "results": [_row(r, sequence_for(r.case), first) for r in results]}
     if c.json:
         write_json(c.json, doc)
     if report:
@@ -168,6 +182,14 @@ def run_command(c: RunConfig) -> int:
         if v in ("DIVERGED", "MISSED") or (explicit and (r.detected or v == "not triggered")):
             print(f"repro: {_explain(r, v)}", file=sys.stderr)
     return exit_code(results, explicit)
+
+
+def _row(r, seq: Sequence, first: Sequence) -> dict:
+    """A result row; one whose sequence is not the document's (other drafts, dummy steps) carries its own."""
+    d = r.to_json()
+    if seq is not first:
+        d["sequence"] = seq.to_json()
+    return d
 
 
 def _forced_comm(c: RunConfig) -> int:

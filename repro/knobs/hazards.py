@@ -15,6 +15,7 @@ from ..errors import Refused
 from ..graphs.lint import UNDECLARED
 from ..control.modes import Runtime, parse_mode
 from .options import FirstChunk, HostCopy, Options, Pad, UniformDecode, apply, validate
+from .stacks import stack as _stack
 
 CHAIN_ISLANDS = ("chain", "submod0", "gdn_core", "submod1")
 # The graphs a hazard needs: PIECEWISE pieces, or a FULL graph of the decode chain.
@@ -199,9 +200,10 @@ for _h in HAZARDS.values():  # the table is closed: every named repair exists
     assert all(r in REPAIRS for r in _h.repairs), _h.name
 
 
-def options_for(hazards=(), repairs=()) -> Options:
-    """The options a case runs with: hazards' settings first, then the repairs' (a repair wins)."""
-    opts = Options()
+def options_for(hazards=(), repairs=(), stack: str = "fixed") -> Options:
+    """The options a case runs with: the stack profile's control rules, then the hazards' settings,
+    then the repairs' (a repair wins)."""
+    opts = Options(control=_stack(stack).rules)
     for h in hazards:
         hz = HAZARDS[h]
         opts = apply(opts, hz.sets, replay_only=hz.replay_only)

@@ -90,7 +90,7 @@ def steps_that_ran(doc: dict, r: dict, sentinel: int | None):
     scheduled for the default slot range, while a run whose kernel sentinel is -1 used slots
     0..N-1: the candidate whose divergent step matches the microscope's context is taken."""
     from ..scheduler.sequence import Sequence
-    seqj = doc.get("minimal_sequence") or doc["sequence"]
+    seqj = doc.get("minimal_sequence") or r.get("sequence") or doc["sequence"]  # a row may run its own
     source = "hunt" if "minimal_sequence" in doc else "run"
     seq = Sequence.from_json(seqj)
     explicit = [dict(s) for s in seq.steps]
