@@ -129,7 +129,7 @@ def test_bad_input_exits_2(argv, message, tiny_path, capsys):
 
 def test_tiny_rates_structure():
     r = lockrates.tiny_rates(steps=12, examples=2)
-    assert r["lockstep_piecewise_steps"] > 0 and r["lockstep_full_steps"] > 0
+    assert r["lockstep_piecewise_steps"] > 0 and r["lockstep_full_and_piecewise_steps"] > 0
     assert r["lockstep_piecewise_steps_per_s"] > 0 and r["hypothesis_examples"] >= 1
     assert r["hypothesis_examples_per_s"] > 0
 

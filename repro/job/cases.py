@@ -117,19 +117,30 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
 ARRIVAL_GAP = 4  # scheduler ticks between two arrivals, at most (uniform 0..4: about 0.5 a tick)
 
 
+EDGE_PROMPTS = 0.25  # with K > 0, this share of prompts is 1+K tokens long (vLLM #53051's trigger)
 ACCEPT_CYCLE = 4  # kept counts drawn per request with K > 0, cycled over its spec decodes
 
 
-def request_stream(seed: int, max_prompt: int = 8, max_decode: int = 24, spec_tokens: int = 0):
+IDLE_PAUSE = (12, 24)  # ticks a data-parallel rank's stream may pause before a request, so it goes idle
+
+
+def request_stream(seed: int, max_prompt: int = 8, max_decode: int = 24, spec_tokens: int = 0,
+                   data_parallel: bool = False):
     """The seed's requests, one after another, each drawn from the same generator in the same
     order and arriving no earlier than the one before: the first k requests of a seed are the
     same whatever k is. With K > 0 each request also draws the kept counts (1..1+K) of its spec
-    decodes; with K = 0 nothing more is drawn, so K = 0 streams are the same as without drafts."""
+    decodes; with K = 0 nothing more is drawn, so K = 0 streams are the same as without drafts. A
+    data-parallel rank's stream pauses before one request in three but the first (IDLE_PAUSE), long enough for
+    its requests to finish, so it runs dummy steps between real ones (an idle rank in vLLM #37728)."""
     rng = random.Random(seed)
     t = 0
     for rid in itertools.count():
         t += rng.randint(0, ARRIVAL_GAP)
+        if data_parallel and rng.random() < 1 / 3 and rid:
+            t += rng.randint(*IDLE_PAUSE)
         prompt, decode = rng.randint(1, max_prompt), rng.randint(1, max_decode)
+        if spec_tokens and rng.random() < EDGE_PROMPTS:
+            prompt = 1 + spec_tokens  # a prompt of a decode's shape: the uniform-decode rule's edge
         preempt = rng.choice([None, None, None, rng.randint(1, 4)])
         accept = [rng.randint(1, 1 + spec_tokens) for _ in range(ACCEPT_CYCLE)] if spec_tokens else None
         yield Request(rid=rid, prompt_len=prompt, decode_steps=decode, arrive=t, preempt_after=preempt, accept=accept)
@@ -151,7 +162,7 @@ def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512
     steps: a later one arrives no earlier and the scheduler admits in arrival order, so it could
     not have either, and more requests would change nothing before the cut. The requests kept are
     those up to the last one scheduled."""
-    stream = request_stream(seed, spec_tokens=spec_tokens)
+    stream = request_stream(seed, spec_tokens=spec_tokens, data_parallel=data_parallel)
     reqs = list(itertools.islice(stream, steps // 2 + 8))
     kw = dict(num_slots=num_slots, vocab=vocab, seed=seed, max_steps=steps, spec_tokens=spec_tokens,
               data_parallel=data_parallel)

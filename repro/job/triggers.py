@@ -24,7 +24,8 @@ CONDITIONS = {
     "stale-pad": "a padded replay over rows an earlier decode step staged",
     "prompt-as-decode": "a step with a request in its prompt replayed as a uniform decode",
     "first-chunk": "a one-token first chunk into a state slot an earlier request used",
-    "dummy-step": "an idle data-parallel rank's dummy step",
+    "dummy-after-decode": "an idle data-parallel rank's FULL dummy step after a decode step staged the builder",
+    "dummy-after-finish": "an idle data-parallel rank's FULL dummy step after a request finished",
 }
 _GRAPH = {"piecewise": Runtime.PIECEWISE, "full": Runtime.FULL}
 
@@ -72,8 +73,10 @@ def _reached(condition: str, steps, batches) -> bool:
                 return True
             used |= set(b.slots)
         return False
-    if condition == "dummy-step":
-        return any(b.dummy for b in batches)
+    if condition == "dummy-after-decode":  # the staging a dummy replays without re-staging is a decode's
+        return any(b.dummy and any(x.uniform_decode for x in batches[:i]) for i, b, _, _ in steps)
+    if condition == "dummy-after-finish":  # the rows a dummy reads are a finished request's
+        return any(b.dummy and any(x.finished for x in batches[:i + 1]) for i, b, _, _ in steps)
     raise ValueError(f"unknown trigger condition {condition!r}")
 
 

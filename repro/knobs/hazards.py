@@ -134,11 +134,11 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            "rows of finished requests, never cleared nor committed, and its replay writes their state blocks, which "
            "later requests own", ("clear-and-commit",),
            {"control.clear_finished_row": False, "control.dummy_commits_block_table": False}, modes=("full",),
-           data_parallel=True, record=True, cases="vLLM #37728", trigger="dummy-step"),
+           data_parallel=True, record=True, cases="vLLM #37728", trigger="dummy-after-finish"),
     Hazard("dummy-reuses-staging", "a FULL dummy run replays the decode graph without re-staging the builder's "
            "buffers: it reads the last real decode batch's state indices and writes those requests' state with "
            "dummy tokens", ("restage-dummy",), {"control.dummy_restages": False}, modes=("full",),
-           data_parallel=True, record=True, cases="vLLM #49757", trigger="dummy-step"),
+           data_parallel=True, record=True, cases="vLLM #49757", trigger="dummy-after-decode"),
     Hazard("comm-noop-capture", "the all-reduce is a no-op while capturing, so replay never reduces",
            ("eager-family=comm",), {"comm.noop_capture": True}, islands=("forced_comm",),
            cases="lab: VLLM_XPU_GRAPH_NOOP_COMM_CAPTURE"),

@@ -57,8 +57,6 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
             self.divergence = None
             self.churn: list[torch.Tensor] = []
 
-        # Long prompts are a rule of their own: Hypothesis turns whole rules off in some runs, and
-        # runs of short prompts alone reach the padded decode batches some hazards need sooner.
         # Long prompts are a rule of their own, so Hypothesis' swarm testing (whole rules turned
         # off in some runs) also tries runs of short prompts alone, as the machine always did.
         @rule(prompt_len=prompt_lengths(k))
