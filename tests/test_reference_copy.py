@@ -81,7 +81,7 @@ def test_the_eager_copy_departing_is_named(setup):
                 div = ls.step(b)
                 if div is not None:
                     break
-                captured |= set(ls.graph.captured)
+                captured |= {d.num_tokens for d in ls.graph.captured}
         finally:
             FAULT["on"] = False
     assert div is not None and div.departed == "eager", div.line() if div else None

@@ -81,9 +81,9 @@ def test_the_schema_checks_the_new_fields(doc, needle):
 def test_a_dummy_step_loads_and_blocks_must_fit_the_kernels_range():
     dummy = {"step": 0, "request_ids": [], "slots": [], "query_lens": [], "has_initial_state": [], "token_ids": [],
              "dummy": True, "finished": [3]}
+    real = _step(blocks=[[1, 4]], slots=[1], draft_lens=[1], query_lens=[2], token_ids=[1, 2])["steps"][0]
     seq = Sequence.from_json({"num_slots": 2, "max_tokens": 8, "spec_tokens": 1, "data_parallel": True,
-                              "steps": [dummy, _step(blocks=[[1, 4]], slots=[1], draft_lens=[1],
-                                                     query_lens=[2], token_ids=[1, 2])["steps"][0]]})
+                              "steps": [dummy, {**real, "step": 1}]})
     b = seq.batches()
     assert b[0].dummy and b[0].finished == [3] and b[0].num_reqs == 0 and b[1].blocks == [[1, 4]]
     seq.check_fits(512, 0)  # blocks 1..2*(1+1)

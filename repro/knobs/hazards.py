@@ -74,6 +74,7 @@ class Hazard:
     data_parallel: bool = False
     reference_every: int | None = None
     record: bool = False  # one of the public record's bugs (`docs/real-bugs.md`)
+    script: str = ""  # its torch-only standalone reproducer, a path in the repository
     trigger: str = "replay"  # what the steps must reach for it to show (`job/triggers.py`), or a finding kind
 
     def __post_init__(self):
@@ -125,11 +126,13 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            "prompt's state is never written (or another request's is overwritten)",
            ("past-prompt-uniform", "no-hybrid-prefill", "replay-assert"),
            {"control.uniform_decode": UniformDecode.SHAPE, "control.assert_full_past_prompt": False},
-           modes=("full",), spec_tokens=2, record=True, cases="vLLM #53051, #49918", trigger="prompt-as-decode"),
+           modes=("full",), spec_tokens=2, record=True, cases="vLLM #53051, #49918",
+           script="repro/report/standalone/vllm_53051.py", trigger="prompt-as-decode"),
     Hazard("first-chunk-as-decode", "a request's one-token first chunk is classed as a decode, so the decode kernels "
            "continue from its recycled state block instead of starting from zero (both copies alike: the third copy "
            "sees it)", ("is-prefilling-first-chunk",), {"control.first_chunk": FirstChunk.QUERY_LEN},
-           reference_every=1, record=True, cases="vLLM #51565 (issue #51562)", trigger="first-chunk"),
+           reference_every=1, record=True, cases="vLLM #51565 (issue #51562)",
+           script="repro/report/standalone/vllm_51565.py", trigger="first-chunk"),
     Hazard("dummy-stale-rows", "an idle data-parallel rank's FULL dummy run builds its metadata from block-table "
            "rows of finished requests, never cleared nor committed, and its replay writes their state blocks, which "
            "later requests own", ("clear-and-commit",),

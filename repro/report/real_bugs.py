@@ -9,23 +9,20 @@ from pathlib import Path
 from ..knobs.hazards import HAZARDS, REPAIRS
 from ..knobs.stacks import STACKS
 
-STANDALONE = {  # the torch-only reproducers `repro report` writes beside a finding of these
-    "shape-only-uniform-decode": "repro/report/standalone/vllm_53051.py",
-    "first-chunk-as-decode": "repro/report/standalone/vllm_51565.py",
-}
+STANDALONE = {h.name: h.script for h in HAZARDS.values() if h.script}  # the torch-only reproducers
 
 # What the threads show that this rebuild cannot express, so no look-alike is planted for it.
 NOT_EXPRESSED = (
     ("vLLM #49757", "the V1 half: `condense()` leaves a live request's block ids in the row it moved from, and a "
      "dummy run padded by data-parallel coordination to more rows than its own reads them. The rebuild runs one "
      "rank: its dummy run has one request row (`_dummy_run(1+k)`), which `condense()` never vacates, so only the "
-     "re-staging half is a hazard (`dummy-reuses-staging`); the move-row rule is still a stack setting."),
+     "re-staging half is a hazard; the move-row rule is still a stack setting."),
     ("vLLM #37728, #49757", "data-parallel lockstep itself (ranks agreeing on a padded batch and a graph mode) and "
      "state blocks written by a KV connector outside any stream."),
     ("vLLM #53051", "the MTP drafter's acceptance collapse after a bad state: draft tokens are inputs here, and "
      "accepted counts part of the sequence."),
     ("vLLM #37363", "the compiler side: a multi-output splitting op's `getitem` nodes splitting into a cycle "
-     "(`split_graph`); the stale input address itself is the `fresh-alloc-split-op` hazard."),
+     "(`split_graph`); the stale input address itself is a hazard of the table."),
     ("vLLM #35431, #39064", "the XPU SYCL `gdn_attention` kernel's own index guard (vllm-xpu-kernels, compiled): "
      "the stored sources read and write `ssm_state[index]` with no <= 0 check, so on XPU a null or stale index "
      "writes block 0 rather than being skipped; the rebuild's kernels skip the sentinel they are given."),
