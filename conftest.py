@@ -39,10 +39,13 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    slow = "slow" in (config.getoption("-m") or "")
     for item in items:
         for name in ISLAND_MARKERS:
             if item.get_closest_marker(name) and name not in item.keywords:
                 item.add_marker(name)
+        if item.get_closest_marker("slow") and not slow:  # long searches stay out of the default run
+            item.add_marker(pytest.mark.skip(reason="a long search: run it with -m slow"))
 
 
 def _cache():
