@@ -136,9 +136,15 @@ def _run(sub, raw) -> None:
                         "both copies share (default: 1 on the CPU, 16 on a GPU; 0: off)")
 
 
+BLIND_HELP = ("a blind hunt: --stack S (not fixed) and no --hazard searches the stack profile as it is (K=2 drafts "
+              "unless --spec-tokens, mode full_and_piecewise unless --mode); what it finds is shrunk, then each "
+              "rule where S departs from the fixed form is set to its fixed form and the minimal sequence rerun, "
+              "naming the rule at fault and the upstream issue it maps to (or a candidate upstream report).")
+
+
 def _hunt(sub, raw) -> None:
     s = sub.add_parser("hunt", help="Hypothesis search for a minimal diverging sequence",
-                       formatter_class=raw, epilog=knobs_help())
+                       formatter_class=raw, epilog=knobs_help() + "\n" + BLIND_HELP)
     _common(s)
     s.add_argument("--island", default="all", help="all (the chain) | submod0 | gdn_core | submod1 | moe")
     s.add_argument("--max-examples", type=count(1), default=None, metavar="N",
@@ -148,7 +154,8 @@ def _hunt(sub, raw) -> None:
                         "failure), and one more run replays the cut minimal sequence for the result file")
     s.add_argument("--profile", default=None, choices=["ci", "dev", "soak"],
                    help="ci: 25 derandomised; dev: 150; soak: 5000 (database under $REPRO_CACHE)")
-    _spec(s, "draft tokens a decode carries in the sequences drawn (default: the hazards' own, else 0)")
+    _spec(s, "draft tokens a decode carries in the sequences drawn (default: the hazards' own, else 0; a blind "
+             "hunt, --stack other than fixed and no --hazard, draws K=2)")
     s.add_argument("--save", help="where to save the minimal sequence (default: $REPRO_CACHE/hunts/"
                                   "ISLAND-HAZARD-MODE.json)")
 
