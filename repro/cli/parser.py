@@ -210,10 +210,11 @@ def _bench(sub) -> None:
     s.add_argument("--island", default="all", help="all | chain | submod0 | gdn_core | submod1 | moe")
     s.add_argument("--mode", type=mode, default=None, help="chain capture mode: " + MODE_HELP)
     _stack(s)
-    _spec(s, "draft tokens a decode carries in the lockstep and hunt rates (default 0)")
+    _spec(s, "with --hunt-rates: the draft tokens a decode carries in every hunt (default: each hazard's own K)")
     s.add_argument("--hunt-rates", action="store_true",
                    help="also: for each bug of the public record, seconds to the first failing sequence and to the "
-                        "minimal one, told (--hazard) and blind (--stack naming a profile that has the bug)")
+                        "minimal one, told (--hazard, fixed stack) and blind (no hazard, on the first stack profile "
+                        "that departs from the fixed form in one of its rules; with --stack S, on S only)")
     s.add_argument("--batches", default="1,8,32", help="decode batch sizes, comma-separated")
     s.add_argument("--iters", type=count(1), default=50, help="timed samples per measurement (median)")
     s.add_argument("--warmup", type=count(0), default=5, help="untimed calls before the samples")
@@ -232,7 +233,9 @@ def _bench(sub) -> None:
                         "copies with nothing checked (the floor), hunt examples/s at this checkpoint and device, "
                         "and where a step's time goes")
     s.add_argument("--lockstep-steps", type=count(1), default=400, help="steps a lockstep-rates case (default 400)")
-    s.add_argument("--hunt-examples", type=count(0), default=20, help="Hypothesis examples for the hunt rate")
+    s.add_argument("--hunt-examples", type=count(0), default=20,
+                   help="Hypothesis examples for the hunt rate; with --hunt-rates, the bound of each hunt, its "
+                        "shrinking included (default 20)")
     s.add_argument("--reference-every", type=counts(1), default=None, metavar="N[,N...]",
                    help="the lockstep-rates' third-copy rows at these cadences, one row each, so a cadence's cost "
                         "is read off one run (default: the device's, 1 on the CPU and 16 on a GPU)")

@@ -66,17 +66,15 @@ def failure(r):
     return None
 
 
-def blame_minimal(model, provider, case, seq, sentinel: int, div) -> Blame:
-    """Blame the stack's rules for the minimal sequence's failure. A rule set "still fails" when the
-    rerun fails the same way: a divergence stays a divergence (a replay the fixed form's assertion
-    refuses is the loud error that fix exists for, not the silent corruption found), a finding
-    stays a finding."""
+def blame_minimal(model, provider, case, seq, sentinel: int) -> Blame:
+    """Blame the stack's rules for the minimal sequence's failure: a rule set "still fails" when the
+    rerun fails as the hunt counts failing (`failure`). A replay the fixed form of
+    `assert_full_past_prompt` refuses (vLLM PR #55123) is a failure too: that assertion turns a
+    silent corruption into a loud error, and the rule that dispatched the batch is the one at fault."""
     rules = hz.options_for(case.hazards, case.repairs, case.stack).control
-    silent = div.step is not None
 
     def fails(r) -> bool:
-        res = run_case(model, provider, case, seq, sentinel=sentinel, rules=r)
-        return res.diverged if silent else failure(res) is not None
+        return failure(run_case(model, provider, case, seq, sentinel=sentinel, rules=r)) is not None
     return blame(rules, fails)
 
 

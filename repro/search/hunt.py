@@ -362,7 +362,7 @@ def _hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None]:
            "command": replay_line(o, mode, save)}
     lines = []
     if is_blind(o):
-        b = blame_minimal(model, provider, case, cut, o.sentinel, div)
+        b = blame_minimal(model, provider, case, cut, o.sentinel)
         doc["blame"] = blame_json(b)
         clock["blame_s"] = round(time.perf_counter() - t0, 2)
         lines = blame_lines(b, o.stack)
