@@ -93,8 +93,8 @@ def hunt_rates(model: str, device: str, examples: int = 60, stack: str = "fixed"
                                        **{**base, "spec_tokens": spec_tokens if spec_tokens is not None else k})
                 stats, doc = one(blind_cfg, quiet)
                 b = (doc or {}).get("blame") or {}
-                row["blind"] = {"stack": s, **_row(stats, doc), "rule": b.get("rules"), "upstream": b.get("upstream"),
-                                "hazards": b.get("hazards")}
+                row["blind"] = {"stack": s, **_row(stats, doc), "blame_s": stats.get("blame_s"), "rule": b.get("rules"),
+                                "upstream": b.get("upstream"), "hazards": b.get("hazards")}
                 if log:
                     log(f"  hunt-rates {h.name}: blind {s} {_brief(row['blind'])}")
             out[h.name] = row
