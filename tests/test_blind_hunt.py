@@ -74,3 +74,18 @@ def test_a_blind_hunt_of_the_fixed_stack_finds_nothing(tiny_path, tmp_path, caps
                "--mode", "full", "--profile", "ci", "--max-examples", "4", "--save", str(tmp_path / "m.json")])
     assert rc == 0 and "nothing found" in capsys.readouterr().out
     assert not (tmp_path / "m.json").exists()
+
+
+def test_the_report_states_the_stack_and_replays_on_it(blind, tmp_path):
+    """`repro report` on a blind hunt's result: the profile is the result's own unless --stack says
+    otherwise, and the `repro run` replay line names it when it is not the fixed one."""
+    _, _, _, save = blind
+    assert main(["report", str(save), "-o", str(tmp_path / "own"), "--no-verify"]) == 0
+    md = (tmp_path / "own" / "REPORT.md").read_text()
+    assert f"| stack profile | `{MRV1}`" in md and "| rule at fault | `uniform_decode`" in md
+    replay = next(x for x in md.splitlines() if x.startswith("repro run") and "sequence.json" in x)
+    assert f"--stack {MRV1}" in replay
+    assert main(["report", str(save), "-o", str(tmp_path / "fixed"), "--no-verify", "--stack", "fixed"]) == 0
+    md = (tmp_path / "fixed" / "REPORT.md").read_text()
+    replay = next(x for x in md.splitlines() if x.startswith("repro run") and "sequence.json" in x)
+    assert "| stack profile | `fixed`" in md and "--stack" not in replay

@@ -282,7 +282,7 @@ def hunt_command(o: HuntConfig) -> int:
         return 1
     if o.report and doc is not None:
         write_report(doc, o.report, command=o.command, layer=o.layer, sentinel=o.sentinel, force=o.force,
-                     what="--report")
+                     what="--report", stack=o.stack)
         emit(f"report: {o.report}/REPORT.md")
     return rc
 
