@@ -4,6 +4,7 @@ never kept by hand."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from ..knobs.hazards import HAZARDS, REPAIRS
@@ -98,6 +99,14 @@ def _time_rows(rows: dict) -> list[str]:
     return out
 
 
+def _as_rates_json(command: str) -> str:
+    """The bench's command line with its --json file called RATES.json, as the page's commands name it."""
+    words = shlex.split(command)
+    if "--json" in words[:-1]:
+        words[words.index("--json") + 1] = "RATES.json"
+    return shlex.join(words)
+
+
 def markdown(rates: dict | None) -> str:
     """The page (`rates`: a `repro bench --hunt-rates` result, or None for the table alone)."""
     rows = (rates or {}).get("hunt_rates") or {}
@@ -109,7 +118,10 @@ def markdown(rates: dict | None) -> str:
            + (f" ({rates.get('device', '?')}, {rates.get('graph_provider', '?')}, torch {rates.get('torch', '?')})"
               if rates else "") + "."]
     if rates and rates.get("command"):
-        out += ["", "The result was made by:", "", "```sh", rates["command"], "```"]
+        out += ["", "Regenerate it with:", "", "```sh", f"python -m {_as_rates_json(rates['command'])}",
+                "python tools/real_bugs.py RATES.json > docs/real-bugs.md", "```", "",
+                "Seconds are wall-clock on the machine that ran the bench (a CPU shared with other work reads "
+                "slower); no test asserts them."]
     out += ["", "| upstream | hazard | mechanism | stacks exposed | minimal trigger (told hunt) | first divergence | "
             "repairs (upstream fixes) | standalone report |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
