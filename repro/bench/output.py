@@ -140,6 +140,9 @@ class BenchConfig:
     lockstep_steps: int = 400
     hunt_examples: int = 20
     reference_every: tuple[int, ...] | None = None
+    stack: str = "fixed"  # --hunt-rates: the only profile its blind hunts search ("fixed": each hazard's own)
+    spec_tokens: int | None = None  # --hunt-rates: the drafts a decode of every hunt (None: each hazard's own K)
+    hunt_rates: bool = False
     cache: Path | None = None  # None: `io.cache_dir`'s default
 
 
@@ -159,6 +162,12 @@ def command_line(a: BenchConfig) -> str:
                   str(a.hunt_examples)]
         if getattr(a, "reference_every", None):
             parts += ["--reference-every", ",".join(map(str, a.reference_every))]
+    if getattr(a, "hunt_rates", False):
+        parts += ["--hunt-rates", "--hunt-examples", str(a.hunt_examples)]
+        if a.stack != "fixed":
+            parts += ["--stack", a.stack]
+        if a.spec_tokens is not None:
+            parts += ["--spec-tokens", str(a.spec_tokens)]
     return " ".join(parts)
 
 
@@ -169,6 +178,11 @@ def bench_command(a: BenchConfig) -> int:
     if a.island not in CHOICES:
         raise BadInput(f"unknown island {a.island!r} for bench (choose from {', '.join(CHOICES)})")
     batches = parse_batches(a.batches)
+    for flag, given in (("--stack", a.stack != "fixed"), ("--spec-tokens", a.spec_tokens is not None)):
+        if given and not a.hunt_rates:
+            raise BadInput(f"{flag}: only with --hunt-rates (the replay and lockstep rows run the fixed stack at K=0)")
+    if a.hunt_rates and a.hunt_examples < 1:
+        raise BadInput("--hunt-examples 0: each --hunt-rates hunt needs at least one sequence")
     if a.plot:
         pyplot()  # fail before the work, not after
     with registry.using(**registry.parse(a.kernels or "")):
@@ -190,8 +204,19 @@ def _bench(a: BenchConfig, batches) -> int:
     print(format_table(res))
     if a.profile:
         print(format_profiles(res))
+    rates = None
+    if a.hunt_rates:
+        from .hunt_rates import format_hunt_rates, hunt_rates
+        if log:
+            log(f"hunt rates: each record hazard told and blind, at most {a.hunt_examples} sequences a hunt")
+        rates = hunt_rates(str(path), a.device, a.hunt_examples, a.stack, a.spec_tokens, provider.supports_streams,
+                           quiet=a.quiet, log=log, cache=a.cache)
+        print(format_hunt_rates(rates))
     if a.json:
         doc = res.to_json()
+        if rates is not None:
+            doc["hunt_rates"] = rates
+            doc["hunt_rates_bound"] = {"examples": a.hunt_examples, "profile": "ci"}
         doc["command"] = command_line(a)
         doc["preset"] = None if a.model else a.preset
         write_json(a.json, doc)

@@ -17,4 +17,5 @@ def bench(a) -> int:
         iters=a.iters, warmup=a.warmup, kernels=a.kernels, seed=a.seed, no_repairs=a.no_repairs,
         no_tiny_rates=a.no_tiny_rates, quiet=a.quiet, profile=a.profile, json=_path(a.json), plot=_path(a.plot),
         lockstep_rates=a.lockstep_rates, lockstep_steps=a.lockstep_steps, hunt_examples=a.hunt_examples,
-        reference_every=a.reference_every, cache=environ.cache()))
+        reference_every=a.reference_every, stack=a.stack, spec_tokens=a.spec_tokens, hunt_rates=a.hunt_rates,
+        cache=environ.cache()))

@@ -136,9 +136,15 @@ def _run(sub, raw) -> None:
                         "both copies share (default: 1 on the CPU, 16 on a GPU; 0: off)")
 
 
+BLIND_HELP = ("a blind hunt: --stack S (not fixed) and no --hazard searches the stack profile as it is (K=2 drafts "
+              "unless --spec-tokens, mode full_and_piecewise unless --mode); what it finds is shrunk, then each "
+              "rule where S departs from the fixed form is set to its fixed form and the minimal sequence rerun, "
+              "naming the rule at fault and the upstream issue it maps to (or a candidate upstream report).")
+
+
 def _hunt(sub, raw) -> None:
     s = sub.add_parser("hunt", help="Hypothesis search for a minimal diverging sequence",
-                       formatter_class=raw, epilog=knobs_help())
+                       formatter_class=raw, epilog=knobs_help() + "\n" + BLIND_HELP)
     _common(s)
     s.add_argument("--island", default="all", help="all (the chain) | submod0 | gdn_core | submod1 | moe")
     s.add_argument("--max-examples", type=count(1), default=None, metavar="N",
@@ -148,7 +154,8 @@ def _hunt(sub, raw) -> None:
                         "failure), and one more run replays the cut minimal sequence for the result file")
     s.add_argument("--profile", default=None, choices=["ci", "dev", "soak"],
                    help="ci: 25 derandomised; dev: 150; soak: 5000 (database under $REPRO_CACHE)")
-    _spec(s, "draft tokens a decode carries in the sequences drawn (default: the hazards' own, else 0)")
+    _spec(s, "draft tokens a decode carries in the sequences drawn (default: the hazards' own, else 0; a blind "
+             "hunt, --stack other than fixed and no --hazard, draws K=2)")
     s.add_argument("--save", help="where to save the minimal sequence (default: $REPRO_CACHE/hunts/"
                                   "ISLAND-HAZARD-MODE.json)")
 
@@ -203,10 +210,11 @@ def _bench(sub) -> None:
     s.add_argument("--island", default="all", help="all | chain | submod0 | gdn_core | submod1 | moe")
     s.add_argument("--mode", type=mode, default=None, help="chain capture mode: " + MODE_HELP)
     _stack(s)
-    _spec(s, "draft tokens a decode carries in the lockstep and hunt rates (default 0)")
+    _spec(s, "with --hunt-rates: the draft tokens a decode carries in every hunt (default: each hazard's own K)")
     s.add_argument("--hunt-rates", action="store_true",
                    help="also: for each bug of the public record, seconds to the first failing sequence and to the "
-                        "minimal one, told (--hazard) and blind (--stack naming a profile that has the bug)")
+                        "minimal one, told (--hazard, fixed stack) and blind (no hazard, on the first stack profile "
+                        "that departs from the fixed form in one of its rules; with --stack S, on S only)")
     s.add_argument("--batches", default="1,8,32", help="decode batch sizes, comma-separated")
     s.add_argument("--iters", type=count(1), default=50, help="timed samples per measurement (median)")
     s.add_argument("--warmup", type=count(0), default=5, help="untimed calls before the samples")
@@ -225,7 +233,9 @@ def _bench(sub) -> None:
                         "copies with nothing checked (the floor), hunt examples/s at this checkpoint and device, "
                         "and where a step's time goes")
     s.add_argument("--lockstep-steps", type=count(1), default=400, help="steps a lockstep-rates case (default 400)")
-    s.add_argument("--hunt-examples", type=count(0), default=20, help="Hypothesis examples for the hunt rate")
+    s.add_argument("--hunt-examples", type=count(0), default=20,
+                   help="Hypothesis examples for the hunt rate; with --hunt-rates, the bound of each hunt, its "
+                        "shrinking included (default 20)")
     s.add_argument("--reference-every", type=counts(1), default=None, metavar="N[,N...]",
                    help="the lockstep-rates' third-copy rows at these cadences, one row each, so a cadence's cost "
                         "is read off one run (default: the device's, 1 on the CPU and 16 on a GPU)")

@@ -82,11 +82,15 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
 
 def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 0, sizes=DEFAULT_SIZES,
              trace=None, progress=None, strict: bool = False, amplify: bool = True,
-             reference_every: int | None = None) -> CaseResult:
+             reference_every: int | None = None, rules=None) -> CaseResult:
     """One case in lockstep. `strict`: batch variance and nondeterminism fail the case as well.
     `amplify` False: stream races are left to their natural timing (`race.py`). `reference_every`:
-    run the independent reference copy every N steps (0: never; None: `reference_copy.default_every`)."""
+    run the independent reference copy every N steps (0: never; None: `reference_copy.default_every`).
+    `rules` (a `ControlRules`): the control rules to run with instead of the case's own (the blind
+    hunt's blame reruns a minimal sequence with single rules set to their fixed form)."""
     opts = hz.options_for(case.hazards, case.repairs, case.stack)
+    if rules is not None:
+        opts = replace(opts, control=rules)
     if not amplify:
         opts = replace(opts, runner=replace(opts.runner, amplify=False))
     k = kind(case.island)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..knobs import hazards as hz
+from ..knobs.stacks import stack as what_stack
 from ..errors import BadInput
 from ..io import cache_dir, dumps, install_dir, prepare_output_dir, staging_dir
 from ..model.tiny import DEFAULT_NAME
@@ -75,8 +76,9 @@ def _checkpoint(doc, cache=None) -> tuple[str, bool]:
     return f"`{Path(ck).name}`", False
 
 
-def _replay_command(doc, r, layer, sentinel, cache=None) -> tuple[str, list[str]]:
-    """(command, notes): `repro run` for exactly this case, with a placeholder for a local checkpoint."""
+def _replay_command(doc, r, layer, sentinel, cache=None, stack: str = "fixed") -> tuple[str, list[str]]:
+    """(command, notes): `repro run` for exactly this case on its stack profile, with a placeholder
+    for a local checkpoint."""
     cmd, notes = ["repro", "run"], []
     shown, default = _checkpoint(doc, cache)
     if doc.get("checkpoint") and not default:
@@ -85,6 +87,8 @@ def _replay_command(doc, r, layer, sentinel, cache=None) -> tuple[str, list[str]
     prov = str(doc.get("graph_provider", ""))
     cmd += ["--device", "cuda" if prov == "cuda" else "xpu" if "xpu" in prov else "cpu"]
     cmd += ["--island", "all" if r["island"] == "chain" else r["island"], "--mode", r["mode"]]
+    if stack != "fixed":
+        cmd += ["--stack", stack]
     for h in r["hazards"]:
         cmd += ["--hazard", h]
     for x in r["repairs"]:
@@ -111,13 +115,16 @@ def _model(doc, layer):
 def write_report(doc: dict, out_dir, *, command: str | None = None, result_path: str | None = None,
                  index: int | None = None, layer: int | None = None, sentinel: int | None = None,
                  verify: bool = True, seed: int = 0, weights: str = "auto", force: bool = False,
-                 what: str = "-o", cache=None) -> Path:
-    """Write the report directory; returns its path. Nothing in DIR changes unless all is written."""
+                 what: str = "-o", cache=None, stack: str | None = None) -> Path:
+    """Write the report directory; returns its path. Nothing in DIR changes unless all is written.
+    `stack`: the stack profile the report states and replays on (None: the result's own, else fixed)."""
     check_result(doc)
     check_layer(doc, layer)
     out = check_output(out_dir, force, what)
     idx = pick(doc, index)
-    r = doc["results"][idx]
+    stk = stack or doc["results"][idx].get("stack") or doc.get("stack") or "fixed"
+    what_stack(stk)  # a result file naming an unknown profile is refused in one line
+    r = {**doc["results"][idx], "stack": stk}
     ks = kernel_sentinel(r, sentinel)
     steps, seqj, source = steps_that_ran(doc, r, sentinel)
     notes: list[str] = []
@@ -135,11 +142,11 @@ def write_report(doc: dict, out_dir, *, command: str | None = None, result_path:
         (stage / "env.txt").write_text(environment_text(doc))
         sa = make_standalone(stage, doc, r, steps, seqj, model, sentinel, title, verify, seed, weights)
         kernel = make_kernel_script(stage, doc, r, steps, seqj, layer, sentinel, title)
-        replay_cmd, replay_notes = _replay_command(doc, r, layer, ks, cache)
+        replay_cmd, replay_notes = _replay_command(doc, r, layer, ks, cache, stk)
         facts = Facts(doc, r, idx, steps, seqj, source, rows, sa, title, ks, replay_cmd, replay_notes,
                       command=command or doc.get("command"), result_path=result_path, layer=layer,
                       model_here=model is not None, checkpoint=_checkpoint(doc, cache)[0],
-                      hunt_steps=recorded_steps(doc), notes=notes, kernel=kernel)
+                      hunt_steps=recorded_steps(doc), notes=notes, kernel=kernel, stack=stk)
         (stage / "REPORT.md").write_text(render_markdown(facts))
         install_dir(stage, out)
     except BaseException:
@@ -166,6 +173,7 @@ class ReportConfig:
     seed: int = 0
     weights: str = "auto"
     verify: bool = True
+    stack: str | None = None  # None: the result's own stack profile, else fixed
     cache: Path | None = None  # None: `io.cache_dir`'s default
 
 
@@ -175,7 +183,7 @@ def report_command(c: ReportConfig) -> int:
     doc = load_result(c.result)
     check_layer(doc, c.layer)
     write_report(doc, out, result_path=str(c.result), index=c.case, layer=c.layer, sentinel=c.sentinel,
-                 verify=c.verify, seed=c.seed, weights=c.weights, force=c.force, cache=c.cache)
+                 verify=c.verify, seed=c.seed, weights=c.weights, force=c.force, cache=c.cache, stack=c.stack)
     print(f"wrote {out}/REPORT.md, env.txt, sequence.json" + (f", {SCRIPT}" if (out / SCRIPT).exists() else "")
           + (f", {WEIGHTS}" if (out / WEIGHTS).exists() else ""))
     return 0

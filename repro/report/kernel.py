@@ -57,7 +57,8 @@ def make_kernel_script(stage: Path, doc: dict, r: dict, steps: list, seqj: dict,
                    vocab=seqj.get("vocab", 512), seed=seqj.get("seed", 0), steps=upto)
     sent = sentinel if sentinel is not None else doc.get("sentinel", 0)
     with registry.using(**(doc.get("kernels") or {})):
-        res = run_case(model, provider, Case(r["island"], r["mode"], tuple(r["hazards"]), tuple(r["repairs"])),
+        res = run_case(model, provider, Case(r["island"], r["mode"], tuple(r["hazards"]), tuple(r["repairs"]),
+                                             stack=r.get("stack", "fixed")),
                        seq, sentinel=sent)
     entry = res.kernel_findings.get(fd["kind"])
     case = entry["first"].kernel if entry else None

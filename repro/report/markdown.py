@@ -5,6 +5,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..knobs import hazards as hz
+from ..knobs.stacks import STACKS
 from .cases import cited, explain
 from .repairs import RepairRow
 from .script import SCRIPT, WEIGHTS, Standalone, default_repairs
@@ -37,6 +38,7 @@ class Facts:
     hunt_steps: int | None = None  # the hunt's minimal sequence length
     notes: list = field(default_factory=list)
     kernel: object = None  # kernel.KernelScript: a kernel finding's own script
+    stack: str = "fixed"  # the stack profile the control rules came from (`knobs.stacks`)
 
     @property
     def fd(self):
@@ -69,14 +71,23 @@ def header(f: Facts) -> list[str]:
           f"| island | `{r['island']}` |", f"| capture mode | `{r['mode']}` |",
           f"| hazard | {', '.join(f'`{h}`' for h in r['hazards']) or 'none (baseline)'} |",
           f"| repairs applied | {', '.join(f'`{x}`' for x in r['repairs']) or 'none'} |",
+          f"| stack profile | `{f.stack}`: {STACKS[f.stack].what} |",
           f"| graph provider | `{doc.get('graph_provider', '?')}` on {doc.get('device', '?')} |",
           f"| torch | {doc.get('torch', '?')} |",
           f"| checkpoint | {f.checkpoint} (layer: {f.layer if f.layer is not None else 'the first GDN layer'}) |",
           f"| kernel pad sentinel | {f.sentinel} |",
           f"| outcome | {('diverged at step ' + str(fd['step'])) if fd else 'clean'} (expected "
           f"{'for this planted hazard' if f.planted else 'of a healthy stack'}: {r.get('expect', 'clean')}) |",
-          f"| result | `{f.result_path or 'in memory'}`, results[{f.idx}] of {len(doc['results'])} |", ""]
-    return L
+          f"| result | `{f.result_path or 'in memory'}`, results[{f.idx}] of {len(doc['results'])} |"]
+    b = doc.get("blame")
+    if b is not None:  # a blind hunt's: the rule whose fixed form clears it (`search/blame.py`)
+        named = " + ".join(f"`{x}`" for x in b.get("rules") or [])
+        said = (f"{named}: {b.get('upstream') or 'no hazard of the public record sets it'}" if named
+                else "none of the profile explains it: a candidate upstream report")
+        L.append(f"| rule at fault | {said} "
+                 f"({b.get('tried', '?')} reruns of the minimal sequence, each rule where "
+                 f"`{doc.get('stack', f.stack)}` departs from the fixed form set to its fixed form) |")
+    return L + [""]
 
 
 def environment(f: Facts) -> list[str]:

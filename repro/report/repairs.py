@@ -100,9 +100,10 @@ def repair_rows(doc: dict, r: dict, steps, seqj, model, sentinel: int | None) ->
             continue
         if healthy is None:
             # the same kernel sentinel as the hazard's run, so both address the same slots
-            healthy = run_case(model, provider, Case(r["island"], r["mode"]), seq,
+            healthy = run_case(model, provider, Case(r["island"], r["mode"], stack=r.get("stack", "fixed")), seq,
                                sentinel=hz.options_for(r["hazards"]).sentinel(sent))
-        res = run_case(model, provider, Case(r["island"], r["mode"], tuple(r["hazards"]), repairs), seq, sentinel=sent)
+        res = run_case(model, provider, Case(r["island"], r["mode"], tuple(r["hazards"]), repairs,
+                                             stack=r.get("stack", "fixed")), seq, sentinel=sent)
         rows.append(RepairRow(rep, res.detected, res.replay_us, healthy.replay_us, "run here (cpu-tape, same steps)",
                               steps=res.steps, baseline_steps=healthy.steps))
     return rows

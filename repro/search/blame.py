@@ -1,7 +1,7 @@
 """Which rule of a stack is at fault: after a blind hunt shrank a failure on a stack profile, each
 rule where the profile departs from the fixed form is set to its fixed form and the minimal
 sequence run again, one rule at a time, then pairs (a delta-debugging pass over the rules); the
-smallest sets that clear the failure are the faulty rules, and the hazards that set exactly those
+smallest sets that clear the failure are the faulty rules, and the hazards that set any of those
 rules name the upstream bug. A failure no set of rules clears is a candidate upstream report."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..knobs.stacks import differs
 @dataclass(frozen=True)
 class Blame:
     rules: tuple[str, ...]  # the rules whose fixed forms clear the failure (empty: none does)
-    hazards: tuple[str, ...]  # the public record's hazards that set exactly those rules
+    hazards: tuple[str, ...]  # the public record's hazards that set any of those rules
     upstream: str  # their upstream issues, or what to do with an unexplained failure
     tried: int  # minimal-sequence runs made
 
@@ -35,8 +35,11 @@ def fixed_form(rules: ControlRules, names) -> ControlRules:
 
 
 def explain(names) -> tuple[tuple[str, ...], str]:
-    """The record hazards whose control rules are all among `names`, and their upstream issues."""
-    hit = [h for h in HAZARDS.values() if h.record and h.rules and set(h.rules) <= set(names)]
+    """The record hazards that set any of the rules `names`, and their upstream issues. Any, not
+    all: a hazard may set a rule and its guard together (shape-only uniform decode and no FULL
+    replay assertion, vLLM #53051), and the blame names the rule alone when the guard only turns
+    the failure into a refused replay."""
+    hit = [h for h in HAZARDS.values() if h.record and set(h.rules) & set(names)]
     return tuple(h.name for h in hit), "; ".join(f"{h.cases} (hazard {h.name})" for h in hit)
 
 

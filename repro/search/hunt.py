@@ -9,6 +9,7 @@ import dataclasses
 import json
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,6 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky
 
 from ..control.dispatch import DEFAULT_SIZES
-from ..check.compare import Divergence
 from ..errors import BadInput
 from ..graphs import make_provider
 from ..io import cache_dir, check_output_file, emit, write_json
@@ -30,6 +30,7 @@ from ..progress import for_cases
 from ..report import check_output as check_report_dir
 from ..report import write_report
 from ..scheduler.sequence import Sequence
+from .blind import blame_json, blame_lines, blame_minimal, failure, hunt_mode, is_blind, sequence_shape
 from .strategies import sequences, size_of, space_for
 
 PROFILES = ("ci", "dev", "soak")
@@ -102,9 +103,11 @@ class Budget:
 
 
 def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab: int = 512, num_slots: int = 4,
-         max_requests: int = 5, max_tokens: int = 8, max_prompt: int | None = None, cache=None, progress=None):
+         max_requests: int = 5, max_tokens: int = 8, max_prompt: int | None = None, cache=None, progress=None,
+         spec_tokens: int = 0, data_parallel: bool = False):
     """Search sequences for one where `check(seq)` returns a divergence; return the shrunk
-    (sequence, divergence) or (None, None). At most `max_examples` sequences run, the search and
+    (sequence, divergence) or (None, None). The sequences carry `spec_tokens` drafts a decode and,
+    with `data_parallel`, an idle rank's dummy steps. At most `max_examples` sequences run, the search and
     the shrinking together (`Budget`); None: the profile's own count (so `--profile soak` means
     5000), or DEFAULT_MAX_EXAMPLES without a profile. `progress(budget)` after each sequence run.
     Raises FlakyHunt when a failure does not reproduce (nondeterminism is itself worth
@@ -119,7 +122,7 @@ def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab
 
     @settings(base, max_examples=budget.total, deadline=None, suppress_health_check=list(HealthCheck),
               phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
-    @given(sequences(max_requests, max_tokens, num_slots, vocab, max_prompt))
+    @given(sequences(max_requests, max_tokens, num_slots, vocab, max_prompt, spec_tokens, data_parallel))
     def prop(seq):
         div = budget(seq)
         if div is not None:
@@ -168,7 +171,8 @@ class HuntConfig:
     hazards: tuple[str, ...] = ()
     repairs: tuple[str, ...] = ()
     stack: str = "fixed"  # the stack profile searched (`knobs.stacks`); with no hazard, a blind hunt of it
-    spec_tokens: int | None = None  # None: the hazards' own K, else 0
+    spec_tokens: int | None = None  # None: the hazards' own K, else 0 (a blind hunt: `blind.BLIND_SPEC`)
+    data_parallel: bool | None = None  # dummy steps in the sequences; None: when a hazard needs them
     sentinel: int = 0
     max_examples: int | None = None
     profile: str | None = None
@@ -178,18 +182,6 @@ class HuntConfig:
     force: bool = False
     command: str = "repro hunt"  # the command line, for the report
     cache: Path | None = None  # None: `io.cache_dir`'s default
-
-
-class _Found:
-    """A finding (an undeclared mutation) as the hunt's target: it has no step, only a line."""
-
-    step = None
-
-    def __init__(self, f: dict):
-        self.f = f
-
-    def line(self) -> str:
-        return f"finding {self.f['kind']} in {self.f.get('island')}: {self.f['detail']}"
 
 
 def kernel_sentinel(hazards, sentinel: int) -> int:
@@ -204,7 +196,8 @@ def default_mode(hazards) -> str:
 
 
 def save_path(o: HuntConfig, mode: str) -> Path:
-    name = f"{o.island}-{'-'.join(o.hazards) or 'baseline'}{''.join('+' + r for r in o.repairs)}-{mode}.json"
+    stack = "" if o.stack == "fixed" else "@" + o.stack
+    name = f"{o.island}-{'-'.join(o.hazards) or 'baseline'}{stack}{''.join('+' + r for r in o.repairs)}-{mode}.json"
     return Path(o.save) if o.save else cache_dir(o.cache) / "hunts" / name.replace("=", "_").replace("/", "_")
 
 
@@ -219,6 +212,8 @@ def replay_line(o: HuntConfig, mode: str, save: Path) -> str:
         parts += ["--layer", str(o.layer)]
     if o.sentinel != 0:
         parts += ["--sentinel", str(o.sentinel)]
+    if o.stack != "fixed":
+        parts += ["--stack", o.stack]
     for h in o.hazards:
         parts += ["--hazard", h]
     for r in o.repairs:
@@ -287,7 +282,7 @@ def hunt_command(o: HuntConfig) -> int:
         return 1
     if o.report and doc is not None:
         write_report(doc, o.report, command=o.command, layer=o.layer, sentinel=o.sentinel, force=o.force,
-                     what="--report")
+                     what="--report", stack=o.stack)
         emit(f"report: {o.report}/REPORT.md")
     return rc
 
@@ -306,7 +301,7 @@ def _check(o: HuntConfig) -> tuple[str, Path]:
                        "`repro run --island forced_comm --tp N`")
     if o.force and not o.report:
         raise BadInput("--force: only with --report (it lets a report replace what repro wrote in DIR before)")
-    mode = o.mode or default_mode(o.hazards)
+    mode = hunt_mode(o, default_mode(o.hazards))
     save = save_path(o, mode)
     if not o.save:
         save.parent.mkdir(parents=True, exist_ok=True)  # the cache's own folder for saved hunts
@@ -317,51 +312,66 @@ def _check(o: HuntConfig) -> tuple[str, Path]:
     return mode, save
 
 
-def _hunt(o: HuntConfig) -> tuple[int, dict | None]:
+def _hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None]:
+    """The hunt itself; `stats` (when given) gets the seconds from the search's start to the first
+    failing sequence (`first_s`) and to the minimal one (`minimal_s`), and the sequences run."""
     mode, save = _check(o)
     provider = make_provider(o.device)
     hz.check(o.hazards, o.repairs, mode, provider.supports_streams, o.island)
     checkpoint = Path(o.model) if o.model else default_checkpoint(o.cache)
     model = Model(checkpoint, provider.device, o.layer, island="moe" if o.island == "moe" else "submod0")
-    case = Case(o.island, mode, tuple(o.hazards), tuple(o.repairs))
+    k, dp = sequence_shape(o)
+    case = Case(o.island, mode, tuple(o.hazards), tuple(o.repairs), spec_tokens=k, data_parallel=dp, stack=o.stack)
 
     def check(seq):
-        r = run_case(model, provider, case, seq, sentinel=o.sentinel)
-        if r.diverged:
-            fd = r.first_divergence
-            return Divergence(fd["step"], fd["island"], fd["tensor"], fd["row"], fd["request"], fd["slot"],
-                              fd["max_abs"], fd.get("context", {}))
-        if r.detected and r.findings:
-            return _Found(r.findings[0])
-        return None
+        return failure(run_case(model, provider, case, seq, sentinel=o.sentinel))
 
-    progress = HuntProgress(f"hunt {o.island} {mode} {','.join(o.hazards) or 'baseline'}")
+    label = ",".join(o.hazards) or ("blind " + o.stack if is_blind(o) else "baseline")
+    progress = HuntProgress(f"hunt {o.island} {mode} {label}")
     seen: list = []
+    t0 = time.perf_counter()
+    clock = stats if stats is not None else {}
 
     def shown(b: Budget) -> None:
         seen[:] = [b]
+        if b.found_at is not None and "first_s" not in clock:
+            clock["first_s"] = round(time.perf_counter() - t0, 2)
         progress(b)
     try:
         seq, div = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, cache=o.cache, progress=shown,
-                        **space_for(DEFAULT_SIZES))
+                        spec_tokens=k, data_parallel=dp, **space_for(DEFAULT_SIZES))
     finally:
         progress.end(seen[0] if seen else None)
-    what = f"{', '.join(o.hazards) or 'baseline'}, {o.island}, {mode}"
+    clock["examples"] = seen[0].spent if seen else 0
+    what = f"{label}, {o.island}, {mode}" + ("" if o.stack == "fixed" or is_blind(o) else f", stack {o.stack}")
     if seq is None:
-        emit(f"nothing found ({what})")
+        emit(f"nothing found ({what}, k={k})")
         return 0, None
+    clock["minimal_s"] = round(time.perf_counter() - t0, 2)
     eff = kernel_sentinel(o.hazards, o.sentinel)
     minimal = {"requests": [dataclasses.asdict(r) for r in seq.requests], "num_slots": seq.num_slots,
-               "max_tokens": seq.max_tokens, "vocab": seq.vocab, "seed": seq.seed,
+               "max_tokens": seq.max_tokens, "vocab": seq.vocab, "seed": seq.seed, "spec_tokens": seq.spec_tokens,
+               "data_parallel": seq.data_parallel, "tail_dummies": seq.tail_dummies,
                "steps": [b.to_json() for b in seq.batches(None if eff == 0 else range(seq.num_slots))]}
     minimal = cut_after(minimal, div.step)
-    result = run_case(model, provider, case, Sequence.from_json(minimal), sentinel=o.sentinel)
+    cut = Sequence.from_json(minimal)
+    result = run_case(model, provider, case, cut, sentinel=o.sentinel)
     doc = {"device": str(provider.device), "graph_provider": provider.name, "checkpoint": str(checkpoint),
-           "torch": torch.__version__, "kernel_sentinel": eff, "minimal_sequence": minimal,
-           "results": [result.to_json()], "command": replay_line(o, mode, save)}
+           "torch": torch.__version__, "kernel_sentinel": eff, "stack": o.stack, "spec_tokens": k,
+           "data_parallel": dp, "minimal_sequence": minimal, "results": [result.to_json()],
+           "command": replay_line(o, mode, save)}
+    lines = []
+    if is_blind(o):
+        b = blame_minimal(model, provider, case, cut, o.sentinel)
+        doc["blame"] = blame_json(b)
+        clock["blame_s"] = round(time.perf_counter() - t0, 2)
+        lines = blame_lines(b, o.stack)
+    clock.update(minimal_steps=len(minimal["steps"]), first_divergence=div.line())
     write_json(save, doc, "--save")
     if o.json:
         write_json(o.json, doc)
+    for line in lines:
+        emit(line)
     emit(json.dumps(minimal, indent=None))
     emit(f"first {'divergence' if div.step is not None else 'finding'}: {div.line()}")
     emit(f"{len(seq.requests)} requests, {len(minimal['steps'])} steps; saved to {save}")

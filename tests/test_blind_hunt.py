@@ -1,0 +1,91 @@
+"""The blind hunt: `repro hunt --stack S` with no hazard searches the stack profile as a release
+has it, shrinks what it finds and names the rule at fault and its upstream issue (vLLM #53051 for
+vLLM 0.33's V1 runner at K=2); the fixed stack gives nothing to find."""
+import contextlib
+import io
+import json
+
+import pytest
+
+from repro.cli.app import main
+from repro.graphs import make_provider
+from repro.islands import Model
+from repro.job.cases import Case, run_case
+from repro.knobs.options import ControlRules
+from repro.knobs.stacks import STACKS
+from repro.scheduler.sequence import Request, Sequence
+from repro.search.blame import fixed_form
+
+MRV1 = "vllm-0.33-mrv1"
+
+
+@pytest.fixture(scope="module")
+def blind(tiny_path, tmp_path_factory):
+    """One blind hunt of vLLM 0.33's V1 runner at K=2 (derandomised, bounded), shared by the tests."""
+    d = tmp_path_factory.mktemp("blind")
+    save, out = d / "min.json", d / "out.json"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rc = main(["hunt", "--model", tiny_path, "--device", "cpu", "--stack", MRV1, "--spec-tokens", "2",
+                   "--profile", "ci", "--max-examples", "40", "--save", str(save), "--json", str(out)])
+    return rc, stdout.getvalue(), json.loads(out.read_text()), save
+
+
+def test_the_blind_hunt_names_uniform_decode_and_vllm_53051(blind):
+    rc, out, doc, _ = blind
+    assert rc == 1
+    blame_line = next(x for x in out.splitlines() if x.startswith("blame"))
+    assert "uniform_decode" in blame_line and "vLLM #53051" in blame_line, out
+    # the minimal sequence: one request whose prompt is one decode's shape, 1+K tokens
+    seq = doc["minimal_sequence"]
+    assert [r["prompt_len"] for r in seq["requests"]] == [3] and len(seq["steps"]) <= 2, seq
+    lines = out.splitlines()
+    assert json.loads(lines[lines.index(blame_line) + 1]) == seq  # the sequence, one line
+    assert any(x.startswith("first divergence: step 0") for x in lines), out
+    replay = next(x for x in lines if x.startswith("replay: "))
+    assert f"--stack {MRV1}" in replay and "--sequence" in replay
+
+
+def test_the_saved_json_records_the_stack_k_and_the_blame(blind):
+    _, _, doc, save = blind
+    assert json.loads(save.read_text()) == doc
+    assert doc["stack"] == MRV1 and doc["spec_tokens"] == 2 and doc["data_parallel"] is False
+    b = doc["blame"]
+    assert "uniform_decode" in b["rules"] and "shape-only-uniform-decode" in b["hazards"]
+    assert "vLLM #53051" in b["upstream"] and b["tried"] >= len(b["rules"])
+    assert doc["results"][0]["diverged"] and doc["minimal_sequence"]["spec_tokens"] == 2
+
+
+def test_the_rules_replaced_clear_the_failure(tiny_path):
+    """The blame's rerun: the same case and sequence, with the stack's rules or with uniform
+    decode in its fixed form (vLLM PR #53059)."""
+    provider = make_provider("cpu")
+    model = Model(tiny_path, provider.device, None, island="submod0")
+    seq = Sequence([Request(0, 3, 0)], num_slots=16, max_tokens=16, spec_tokens=2)
+    case = Case("chain", "full_and_piecewise", spec_tokens=2, stack=MRV1)
+    assert run_case(model, provider, case, seq).diverged
+    cleared = run_case(model, provider, case, seq, rules=fixed_form(STACKS[MRV1].rules, ["uniform_decode"]))
+    assert not cleared.diverged and not cleared.detected
+    assert not run_case(model, provider, case, seq, rules=ControlRules()).diverged
+
+
+def test_a_blind_hunt_of_the_fixed_stack_finds_nothing(tiny_path, tmp_path, capsys):
+    rc = main(["hunt", "--model", tiny_path, "--device", "cpu", "--stack", "fixed", "--spec-tokens", "2",
+               "--mode", "full", "--profile", "ci", "--max-examples", "4", "--save", str(tmp_path / "m.json")])
+    assert rc == 0 and "nothing found" in capsys.readouterr().out
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_the_report_states_the_stack_and_replays_on_it(blind, tmp_path):
+    """`repro report` on a blind hunt's result: the profile is the result's own unless --stack says
+    otherwise, and the `repro run` replay line names it when it is not the fixed one."""
+    _, _, _, save = blind
+    assert main(["report", str(save), "-o", str(tmp_path / "own"), "--no-verify"]) == 0
+    md = (tmp_path / "own" / "REPORT.md").read_text()
+    assert f"| stack profile | `{MRV1}`" in md and "| rule at fault | `uniform_decode`" in md
+    replay = next(x for x in md.splitlines() if x.startswith("repro run") and "sequence.json" in x)
+    assert f"--stack {MRV1}" in replay
+    assert main(["report", str(save), "-o", str(tmp_path / "fixed"), "--no-verify", "--stack", "fixed"]) == 0
+    md = (tmp_path / "fixed" / "REPORT.md").read_text()
+    replay = next(x for x in md.splitlines() if x.startswith("repro run") and "sequence.json" in x)
+    assert "| stack profile | `fixed`" in md and "--stack" not in replay

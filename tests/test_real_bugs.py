@@ -1,0 +1,44 @@
+"""`docs/real-bugs.md` is generated (`tools/real_bugs.py`) from the hazard table, the stack profiles
+and the `hunt_rates` section of a `repro bench --hunt-rates --json` result."""
+import subprocess
+import sys
+from pathlib import Path
+
+from repro.knobs.hazards import HAZARDS
+from repro.report.real_bugs import markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+SEQ = {"requests": [{"rid": 0, "prompt_len": 3, "decode_steps": 0, "arrive": 0}], "spec_tokens": 2,
+       "data_parallel": False, "steps": [{"step": 0}]}
+FD = {"step": 0, "island": "gdn_core", "tensor": "core_out", "line": "step 0: gdn_core.core_out"}
+RATES = {"device": "cpu", "graph_provider": "cpu-tape", "torch": "x",
+         "command": "repro bench --device cpu --hunt-rates --hunt-examples 60 --json /tmp/x.json",
+         "hunt_rates_bound": {"examples": 60, "profile": "ci"},
+         "hunt_rates": {
+             "shape-only-uniform-decode": {
+                 "told": {"found": True, "first_s": 0.29, "minimal_s": 2.57, "examples": 11, "minimal_steps": 1,
+                          "first_divergence": FD, "minimal_sequence": SEQ},
+                 "blind": {"stack": "vllm-0.33-mrv1", "found": True, "first_s": 0.41, "minimal_s": 3.23, "examples": 11,
+                           "minimal_steps": 1, "first_divergence": FD, "minimal_sequence": SEQ,
+                           "rule": ["uniform_decode"], "upstream": "vLLM #53051", "hazards": []}},
+             "fresh-alloc-split-op": {
+                 "told": {"found": False, "first_s": None, "minimal_s": None, "examples": 60},
+                 "blind": None, "blind_why": "n/a: no stack profile sets it (it is no control rule)"}}}
+
+
+def test_the_page_has_each_record_bug_and_the_hunts_figures():
+    md = markdown(RATES)
+    for h in (h for h in HAZARDS.values() if h.record):
+        assert f"`{h.name}`" in md
+    row = next(x for x in md.splitlines() if x.startswith("| vLLM #53051"))
+    assert "1 request (prompt 3), k=2; 1 step" in row and "step 0, `gdn_core.core_out`" in row
+    times = next(x for x in md.splitlines() if x.startswith("| `shape-only-uniform-decode`"))
+    assert "| 0.29 | 2.57 |" in times and "vllm-0.33-mrv1 | 0.41 | 3.23 | `uniform_decode`: vLLM #53051" in times
+    assert "not found in 60" in md and "no stack profile sets it" in md
+    assert "--json RATES.json" in md and "/tmp/x.json" not in md
+
+
+def test_the_tool_renders_the_table_alone_from_this_tree():
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "real_bugs.py")], capture_output=True, text=True,
+                         check=True, cwd="/").stdout
+    assert out == markdown(None) and "## Time to a reproducer" not in out
