@@ -44,8 +44,8 @@ def format_table(res: BenchResult) -> str:
     if res.tiny_rates:
         r = res.tiny_rates
         lines.append(f"CPU tiny: lockstep {r['lockstep_piecewise_steps_per_s']} steps/s piecewise, "
-                     f"{r['lockstep_full_and_piecewise_steps_per_s']} steps/s full_and_piecewise; Hypothesis {r['hypothesis_examples_per_s']} "
-                     f"examples/s ({r['hypothesis_examples']} examples)")
+                     f"{r['lockstep_full_and_piecewise_steps_per_s']} steps/s full_and_piecewise; "
+                     f"Hypothesis {r['hypothesis_examples_per_s']} examples/s ({r['hypothesis_examples']} examples)")
     return "\n".join(lines)
 
 
