@@ -329,7 +329,7 @@ def num_decodes(st, rule):
 
 def uniform_decode(st, rule):
     """`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode` with k = 0: every query
-    is one token. `shape` (vLLM 0.33.0) stops there; the fixed forms (vLLM PR #53059, and PR #47123
+    is one token. `shape` (vLLM 0.33.0) asks only that; the fixed forms (vLLM PR #53059, and PR #47123
     for a hybrid model such as this one) also need every request past its prompt."""
     q = st["query_lens"]
     shape = max(q) == 1 and sum(q) == len(q)
