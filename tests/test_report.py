@@ -55,7 +55,7 @@ def test_stale_pad_report_and_its_standalone_script(tiny_path, tmp_path):
     assert "padded rows' state indices" in md  # the microscope's context
     assert re.search(r"\| `sanitize-pad` \| yes \| [\d,]+ \| [\d,]+ \| [\d.]+x \|", md), md  # clears it, at a cost
     assert "regenerated from seed 0" in md
-    assert "[vLLM 37728](https://github.com/vllm-project/vllm/issues/37728)" in md
+    assert "[vLLM #37728](https://github.com/vllm-project/vllm/issues/37728)" in md
     env = (rep / "env.txt").read_text()
     for word in ("torch", "python", "intel_extension_for_pytorch", "oneccl", "xccl", "triton", "fla", "cpu "):
         assert word in env, word
@@ -81,7 +81,7 @@ def test_frozen_python_state_report_from_a_result_file(tiny_path, tmp_path, caps
     assert "REPORT.md" in capsys.readouterr().out
     md = (rep / "REPORT.md").read_text()
     assert "frozen-python-state" in md.splitlines()[0]
-    assert "num_actual_tokens" in md and "PyTorch 114844" in md
+    assert "num_actual_tokens" in md and "PyTorch #114844" in md
     assert re.search(r"\| `recapture` \| yes \|", md) and re.search(r"\| `eager-family=moe` \| yes \|", md)
 
     check_self_contained(rep)

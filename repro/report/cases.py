@@ -35,17 +35,18 @@ CASE_NOTES = {
 }
 # Cited for a divergence with no planted hazard (the upstream bug itself), by provider.
 BASELINE_CASES = {
-    "xpu": "vLLM 48327, 48946, 51928, PyTorch 196490, torch-xpu-ops 2992",
-    "ipex-xpu": "vLLM 48327, 48946, 51928, PyTorch 196490, torch-xpu-ops 2992",
-    "cuda": "PyTorch 122192, vLLM 37728",
+    "xpu": "vLLM #48327, #48946, #51928, PyTorch #196490, torch-xpu-ops #2992",
+    "ipex-xpu": "vLLM #48327, #48946, #51928, PyTorch #196490, torch-xpu-ops #2992",
+    "cuda": "PyTorch #122192, vLLM #37728",
 }
 
 
 def parse_cases(text: str) -> list[tuple[str, str, str | None]]:
-    """'vLLM 35431, 39064, PyTorch 1' -> [(project, number, url)]; free text stays as is."""
+    """'vLLM #35431, #39064, PyTorch #1' -> [(project, number, url)], as the hazard table cites them
+    (the `#` may be left out); free text ('vLLM PR #53059', 'lab notes ...') stays as is."""
     out, project = [], None
     for part in [p.strip() for p in text.split(",") if p.strip()]:
-        m = re.fullmatch(r"(vLLM|PyTorch|torch-xpu-ops|auto-round)?\s*(\d+)", part)
+        m = re.fullmatch(r"(vLLM|PyTorch|torch-xpu-ops|auto-round)?\s*#?(\d+)", part)
         if m and (m.group(1) or project):
             project = m.group(1) or project
             out.append((project, m.group(2), ISSUE_URLS[project].format(m.group(2))))
@@ -61,11 +62,11 @@ def cited(doc: dict, r: dict) -> list[str]:
     for h in r["hazards"]:
         found += parse_cases(hz.HAZARDS[h].cases)
     if not r["hazards"] and r["diverged"]:
-        found += parse_cases(BASELINE_CASES.get(str(doc.get("graph_provider")), "PyTorch 122192, vLLM 51928"))
+        found += parse_cases(BASELINE_CASES.get(str(doc.get("graph_provider")), "PyTorch #122192, vLLM #51928"))
     lines = []
     for proj, num, url in found:
         note = CASE_NOTES.get((proj, num), "")
-        lines.append(f"- [{proj} {num}]({url})" + (f": {note}" if note else "") if url else f"- {proj}")
+        lines.append(f"- [{proj} #{num}]({url})" + (f": {note}" if note else "") if url else f"- {proj}")
     return lines or ["- none: nothing diverged" if not r["diverged"] else "- none recorded for this hazard"]
 
 

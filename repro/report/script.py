@@ -31,10 +31,23 @@ def default_repairs(r: dict) -> list[str]:
     for h in r["hazards"]:
         for name in hz.HAZARDS[h].repairs:
             rep = hz.REPAIRS[name]
-            if rep.standalone and name not in r["repairs"] and not (rep.piecewise_only and r["mode"] == "full"):
+            if rep.standalone and name not in r["repairs"] and not (rep.piecewise_only and full_decode(r["mode"])):
                 out.append(name)
                 break
     return out
+
+
+def full_decode(mode: str) -> bool:
+    """The mode captures the decode chain as one FULL graph (no family can run eagerly inside it)."""
+    from ..control.modes import Runtime, parse_mode
+    return parse_mode(mode).has(Runtime.FULL)
+
+
+def rules(r: dict) -> dict:
+    """The control rules the script's runner reads, as the case ran them (its stack profile, then its
+    knobs): when a batch is a uniform decode, and how the builder classes a one-token first chunk."""
+    c = hz.options_for(r["hazards"], r["repairs"], r.get("stack") or "fixed").control
+    return {"uniform_decode": c.uniform_decode.value, "first_chunk": c.first_chunk.value}
 
 
 def _plain(v):
@@ -109,7 +122,7 @@ def build_spec(doc, r, steps, seqj, model, sentinel, title, weights) -> dict:
     return {"title": title, "hazards": list(r["hazards"]), "repairs": list(r["repairs"]),
             "default_repairs": default_repairs(r), "knobs": knobs(),
             "families": sorted(kind(r["island"]).eager),
-            "mode": r["mode"], "island": r["island"], "sentinel": kernel_sentinel(r, sentinel),
+            "mode": r["mode"], "rules": rules(r), "island": r["island"], "sentinel": kernel_sentinel(r, sentinel),
             "sizes": list(DEFAULT_SIZES), "num_slots": seqj.get("num_slots", 8),
             "max_tokens": max([seqj.get("max_tokens", 16)] + [len(s["token_ids"]) for s in steps]),
             "config": c, "quantised": q, "weights": weights,

@@ -18,13 +18,19 @@ It rebuilds one Qwen3.6-35B-A3B (W8A8 INT8) GDN layer as vLLM's PIECEWISE split 
               sigmoid-gated shared expert) -> residual -> next layer's input norm
 
 and runs the recorded request steps through two copies, each with its own state cache:
-an eager copy (exact shapes, no padding) and a graph copy driven like vLLM's runner (capture
-sizes, padding to the next size, persistent `input_ids` / state-index buffers addressed by
-slicing, lazy capture on the first step of a size, a warm-up run before each capture,
-`piecewise`: submod0 and submod1 are graphs and gdn_core runs eagerly between them,
-`full`: the whole uniform-decode chain is one graph, mixed steps run eagerly). After every
-step every island output (live rows) and the state rows of the step's slots are compared
-bit for bit; the first difference is printed.
+an eager copy (exact shapes, no padding, metadata built afresh each step) and a graph copy
+driven like vLLM's V1 runner (`vllm/v1/worker/gpu_model_runner.py`) on steps without draft
+tokens: the uniform-decode decision and the dispatcher pick FULL, PIECEWISE or eager and the
+capture size a step pads to; a persistent `input_ids` is addressed by slicing; graphs are
+captured lazily on the first step of a key, after a warm-up run, into one pool. PIECEWISE:
+submod0 and submod1 are graphs and gdn_core runs eagerly between them. FULL (a uniform decode,
+in `full_and_piecewise` or `full_decode_only`): the whole chain is one graph, captured over the
+GDN metadata builder's persistent state-index buffer, which the builder refreshes only for a
+batch with no prefill (`vllm/v1/attention/backends/gdn_attn.py:
+GDNAttentionMetadataBuilder.build`); a FULL replay's padded rows read whatever the last such
+staging, or the capture, left there unless staging pads them. After every step every island
+output (live rows) and the state rows of the step's slots are compared bit for bit; the first
+difference is printed.
 
 Graphs: torch.cuda.CUDAGraph on CUDA; torch.xpu.XPUGraph (torch >= 2.11) or
 intel_extension_for_pytorch.xpu.XPUGraph (IPEX 2.6/2.7) on XPU; on a CPU, a small emulation
@@ -32,10 +38,10 @@ intel_extension_for_pytorch.xpu.XPUGraph (IPEX 2.6/2.7) on XPU; on a CPU, a smal
 same tensor objects, so addresses, Python-side decisions and the op sequence are frozen as a
 device graph freezes them (no streams, no memory-pool reuse: not needed here).
 
-Prefill (mixed steps) runs eagerly in both copies. The kernel math (section "math") is the
-suite's own reference code (`kernels/*/reference.py` and their helpers), copied in when this
-script was written; the layer wiring, the runner, the tape and the comparison are this
-template's own (`repro/standalone/gdn_chain.py`).
+The GDN prefill (a step with a prefill) runs eagerly in both copies. The kernel math (section
+"math") is the suite's own reference code (`kernels/*/reference.py` and their helpers), copied
+in when this script was written; the layer wiring, the runner, the tape and the comparison are
+this template's own (`repro/report/standalone/gdn_chain.py`).
 
 Usage:  python repro_standalone.py [--device auto|cpu|cuda|xpu] [--repair [NAME]] [--no-hazard]
 Exit:   1 the divergence reproduced, 0 replay == eager bit for bit at every step, 2 bad usage.
@@ -279,24 +285,102 @@ SUBMOD0_OUT = ("qkv", "z", "b", "a", "residual")
 SUBMOD1_OUT = ("hidden", "next_normed")
 
 
-def step_meta(st, device):
-    qsl = [0]
-    for q in st["query_lens"]:
-        qsl.append(qsl[-1] + q)
-    return {"query_start_loc": torch.tensor(qsl, dtype=torch.int32, device=device),
-            "state_indices": torch.tensor(st["slots"], dtype=torch.int32, device=device),
-            "has_initial_state": torch.tensor(st["has_initial_state"], dtype=torch.bool, device=device),
-            "num_decodes": num_decodes(st), "num_tokens": len(st["token_ids"])}
+# ============================================================================ the control path
+# vLLM's V1 runner on a step of non-spec rows (k = 0): which graph it replays, and the GDN metadata
+# its builder hands the core. The rules are the ones the suite ran with (`spec["rules"]`, from its
+# stack profile); a step's optional lists default as the suite's `StepBatch` defaults them.
+
+# vLLM's graph modes as (uniform-decode runtime, mixed runtime) (`vllm/config/compilation.py:
+# CUDAGraphMode`); `full` resolves to FULL_AND_PIECEWISE for GDN, whose builder captures uniform
+# batches only (`GDNAttentionMetadataBuilder._cudagraph_support = UNIFORM_BATCH`).
+MODES = {"none": (None, None), "piecewise": ("piecewise", "piecewise"), "full": ("full", "piecewise"),
+         "full_decode_only": ("full", None), "full_and_piecewise": ("full", "piecewise")}
+RULE_DEFAULTS = {"uniform_decode": "past-prompt", "first_chunk": "is-prefilling"}
 
 
-def num_decodes(st):
-    n = 0
-    for q, h in zip(st["query_lens"], st["has_initial_state"]):
-        if q == 1 and h:
-            n += 1
+def computed(st):
+    return st["num_computed"] if "num_computed" in st else [1 if h else 0 for h in st["has_initial_state"]]
+
+
+def prefilling(st):
+    """Each request still in its prompt (vLLM: `num_computed_tokens < num_prompt_tokens`)."""
+    prompts = st["prompt_lens"] if "prompt_lens" in st else \
+        [1 if h else q for q, h in zip(st["query_lens"], st["has_initial_state"])]
+    return [c < p for c, p in zip(computed(st), prompts)]
+
+
+def state_blocks(st):
+    """Each request's state index: column 0 of its block-table row (its slot)."""
+    return [b[0] for b in st["blocks"]] if "blocks" in st else list(st["slots"])
+
+
+def num_decodes(st, rule):
+    """How many leading rows are decodes (`vllm/v1/attention/backends/gdn_attn.py:
+    GDNAttentionMetadataBuilder.build`, the non-spec split): `query-len` (vLLM 0.26.0,
+    `split_decodes_and_prefills(m, decode_threshold=1)`) calls every one-token row a decode;
+    `is-prefilling` (vLLM 0.33.0, vLLM #51565) makes a one-token first chunk with no prior state a
+    prefill."""
+    if rule == "query-len":
+        prefill = [q > 1 for q in st["query_lens"]]
+    else:
+        prefill = [q > 1 or (c <= 0 and p) for q, c, p in zip(st["query_lens"], computed(st), prefilling(st))]
+    return prefill.index(True) if True in prefill else len(prefill)
+
+
+def uniform_decode(st, rule):
+    """`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode` with k = 0: every query
+    is one token. `shape` (vLLM 0.33.0) asks only that; the fixed forms (vLLM PR #53059, and PR #47123
+    for a hybrid model such as this one) also need every request past its prompt."""
+    q = st["query_lens"]
+    shape = max(q) == 1 and sum(q) == len(q)
+    return shape if rule == "shape" else shape and not any(prefilling(st))
+
+
+class MetadataBuilder:
+    """The GDN metadata builder's non-spec path (`vllm/v1/attention/backends/gdn_attn.py:
+    GDNAttentionMetadataBuilder.build`). With FULL graphs (`full_graphs`) it keeps a persistent
+    state-index buffer, sized for the largest decode graph, and refreshes it ONLY for a batch with
+    no prefill (its decode staging branch), whatever graph the step then runs: a FULL graph is
+    captured over that buffer and reads, for every padded row, what the last staging left there.
+    Past the live rows staging writes `pad` (vLLM 0.33.0: the null block, the kernel's sentinel;
+    None: nothing, the rows keep what an earlier staging or capture wrote). Without FULL graphs
+    (the eager copy) every step gets fresh tensors and nothing persists."""
+
+    def __init__(self, rows, device, full_graphs, pad, first_chunk):
+        self.device, self.full_graphs, self.pad, self.first_chunk = device, full_graphs, pad, first_chunk
+        # `torch.empty` in vLLM; zeros here, so a run depends on its steps alone
+        self.state_indices = torch.zeros(rows, dtype=torch.int32, device=device)
+
+    def stage(self, live, rows):
+        """Rows [:len(live)] from `live`, rows [len(live):rows] the pad (None: left as they are)."""
+        n = len(live)
+        if n:
+            self.state_indices[:n].copy_(torch.tensor(live, dtype=torch.int32, device=self.device))
+        if rows > n and self.pad is not None:
+            self.state_indices[n:rows].fill_(self.pad)
+
+    def build(self, st, rows):
+        """The core's metadata for step `st`, padded to `rows` rows (a FULL step's; else its own)."""
+        qsl = [0]
+        for q in st["query_lens"]:
+            qsl.append(qsl[-1] + q)
+        nd, n = num_decodes(st, self.first_chunk), len(st["query_lens"])
+        if self.full_graphs and nd == n and rows <= len(self.state_indices):
+            self.stage(state_blocks(st), rows)
+            idx = self.state_indices[:n]
         else:
-            break
-    return n
+            idx = torch.tensor(state_blocks(st), dtype=torch.int32, device=self.device)
+        return {"query_start_loc": torch.tensor(qsl, dtype=torch.int32, device=self.device), "state_indices": idx,
+                "has_initial_state": torch.tensor(st["has_initial_state"], dtype=torch.bool, device=self.device),
+                "num_decodes": nd, "num_tokens": len(st["token_ids"])}
+
+    def build_for_capture(self, rows, sentinel):
+        """`build_for_cudagraph_capture`: every row a one-token decode over the null block, staged
+        like a decode batch; the FULL graph is captured over this metadata (the buffer's view)."""
+        self.stage([sentinel] * rows, rows)
+        return {"query_start_loc": torch.arange(rows + 1, dtype=torch.int32, device=self.device),
+                "state_indices": self.state_indices[:rows], "has_initial_state": None,
+                "num_decodes": rows, "num_tokens": rows}
 
 
 def collect(o0, o1, n, core):
@@ -307,16 +391,18 @@ def collect(o0, o1, n, core):
 
 
 class EagerRunner:
-    """The reference: every island eager, exact shapes, no padding."""
+    """The reference: every island eager, exact shapes, no padding, metadata built afresh each step
+    (a builder without FULL graphs never stages)."""
 
-    def __init__(self, copy):
+    def __init__(self, copy, rules):
         self.copy = copy
+        self.builder = MetadataBuilder(1, copy.device, False, None, rules["first_chunk"])
 
     def step(self, st):
         c = self.copy
         c.ctx.values["num_actual_tokens"] = len(st["token_ids"])
         o0 = c.submod0(torch.tensor(st["token_ids"], dtype=torch.long, device=c.device))
-        core = c.gdn_core(o0["qkv"], o0["b"], o0["a"], o0["core_out"], step_meta(st, c.device))
+        core = c.gdn_core(o0["qkv"], o0["b"], o0["a"], o0["core_out"], self.builder.build(st, len(st["slots"])))
         o1 = c.submod1(core, o0["z"], o0["residual"])
         return collect(o0, o1, len(st["token_ids"]), core)
 
@@ -424,54 +510,69 @@ class Graphs:
 
 
 class GraphRunner:
-    """vLLM's runner: capture sizes, pad to the next size, persistent buffers sliced per step,
-    lazy capture into one pool after a warm-up, piecewise or full."""
+    """vLLM's V1 runner (`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner`) on one step: the
+    uniform-decode decision and the dispatcher pick the runtime (FULL, PIECEWISE or eager) and the
+    size it pads to; the persistent `input_ids` is filled; a key's graphs are captured lazily into
+    one pool after a warm-up; the metadata builder builds (and, for a batch with no prefill, stages)
+    the step's metadata; then FULL replays the whole chain over the builder's buffer, PIECEWISE
+    replays submod0 and submod1 around an eager gdn_core, eager runs the chain at the step's size."""
 
-    def __init__(self, copy, graphs, spec, opts):
-        self.copy, self.graphs, self.mode = copy, graphs, spec["mode"]
+    def __init__(self, copy, graphs, spec, opts, rules):
+        self.copy, self.graphs = copy, graphs
+        self.decode, self.mixed = MODES[spec["mode"]]
         self.sizes = sorted(spec["sizes"])
-        self.opts = opts
+        self.max_num_seqs = spec["num_slots"]
+        self.opts, self.rules = opts, rules
         self.eager_family = set(opts["runner.eager_families"])
         self.sentinel = copy.sentinel
         n = max(spec["max_tokens"], max(self.sizes))
         self.input_ids = torch.zeros(n, dtype=torch.long, device=copy.device)
-        self.token_slot = torch.full((n,), self.sentinel, dtype=torch.int32, device=copy.device)
+        self.builder = MetadataBuilder(max(self.max_num_seqs, max(self.sizes)), copy.device,
+                                       self.decode == "full", self._pad_value(), rules["first_chunk"])
         self.captured = {}
         self.notes = []
+        self.last = None  # the last step's (runtime, size, rows)
 
     def _pad_value(self):
-        if self.opts["runner.pad"] == "other":
-            return 0 if self.sentinel != 0 else -1  # the runner pads with 0, the kernel skips only -1
+        """What staging writes into padded rows: the kernel's sentinel, the other sentinel (0 where
+        the kernel skips only -1), or None (a stale pad: the rows keep what was staged before)."""
+        pad = self.opts["runner.pad"]
+        if pad == "stale":
+            return None
+        if pad == "other":
+            return 0 if self.sentinel != 0 else -1
         return self.sentinel
 
-    def _fill(self, st, size):
-        n = len(st["token_ids"])
-        dev = self.copy.device
-        self.input_ids[:n].copy_(torch.tensor(st["token_ids"], dtype=torch.long, device=dev))
-        token_slots = [s for s, q in zip(st["slots"], st["query_lens"]) for _ in range(q)]
-        self.token_slot[:n].copy_(torch.tensor(token_slots, dtype=torch.int32, device=dev))
-        if size > n and self.opts["runner.pad"] != "stale":
-            # nano-vllm's `slot_mapping.fill_(-1)`: padded rows carry the kernel's sentinel.
-            # With a stale pad this is skipped: the padded tail keeps the last step's values.
-            self.input_ids[n:size].zero_()
-            self.token_slot[n:size].fill_(self._pad_value())
-
-    def _size(self, st):
-        n = len(st["token_ids"])
+    def dispatch(self, st):
+        """(runtime, tokens it runs, metadata rows) as `vllm/v1/cudagraph_dispatcher.py:
+        CudagraphDispatcher.dispatch` picks them: pad to the smallest capture size; a uniform decode
+        replays the FULL graph of that size when the mode has one (k = 0: sizes up to max_num_seqs,
+        one row a token); otherwise the PIECEWISE graphs when the mode has them; else eager (None)
+        at the step's own size, as above the largest capture size."""
+        n, reqs = len(st["token_ids"]), len(st["query_lens"])
         size = next((s for s in self.sizes if s >= n), None)
-        if size is not None and self.mode == "full" and num_decodes(st) != len(st["query_lens"]):
-            return None  # FULL_DECODE_ONLY: mixed steps run eagerly
-        return size
+        if size is None:
+            return None, n, reqs
+        if self.decode == "full" and size <= self.max_num_seqs and uniform_decode(st, self.rules["uniform_decode"]):
+            return "full", size, size
+        if self.mixed == "piecewise":
+            return "piecewise", size, reqs
+        return None, n, reqs
 
-    def _capture(self, size):
+    def _fill(self, n, size, st):
+        """The live token ids; padded rows zero, or, with a stale pad, what the last step left."""
+        self.input_ids[:n].copy_(torch.tensor(st["token_ids"], dtype=torch.long, device=self.copy.device))
+        if size > n and self.opts["runner.pad"] != "stale":
+            self.input_ids[n:size].zero_()
+
+    def _capture(self, runtime, size):
         c = self.copy
         cap = {"size": size, "graphs": [], "outs": [], "ins1": None}
         c.ctx.reads.clear()
         ids = self.input_ids[:size]
-        if self.mode == "full":
-            meta = {"query_start_loc": torch.arange(size + 1, dtype=torch.int32, device=c.device),
-                    "state_indices": self.token_slot[:size], "has_initial_state": None,
-                    "num_decodes": size, "num_tokens": size}
+        if runtime == "full":
+            # captured over the builder's persistent buffer, staged for capture (all rows the null block)
+            meta = self.builder.build_for_capture(size, self.sentinel)
 
             def chain():
                 o0 = c.submod0(ids)
@@ -507,27 +608,42 @@ class GraphRunner:
         cap["frozen"] = {k: c.ctx.values.get(k) for k in c.ctx.reads}
         return cap
 
-    def step(self, st):
+    def _entry(self, runtime, size, step):
+        """The graphs of this key, captured now if needed (or again when a forward-context value they
+        froze has changed and recapture is on)."""
         c = self.copy
-        n = len(st["token_ids"])
-        size = self._size(st)
-        self._fill(st, size or n)
-        c.ctx.values["num_actual_tokens"] = n
-        if size is None:
-            o0 = c.submod0(self.input_ids[:n])
-            core = c.gdn_core(o0["qkv"], o0["b"], o0["a"], o0["core_out"], step_meta(st, c.device))
-            return collect(o0, c.submod1(core, o0["z"], o0["residual"]), n, core)
-        cap = self.captured.get(size)
+        cap = self.captured.get((runtime, size))
         if cap is not None:
             changed = {k: (v, c.ctx.values.get(k)) for k, v in cap["frozen"].items() if c.ctx.values.get(k) != v}
             if changed:
-                self.notes.append(f"step {st['step']}: size {size} was captured with {cap['frozen']}, now "
+                self.notes.append(f"step {step}: {runtime} size {size} was captured with {cap['frozen']}, now "
                                   f"{ {k: now for k, (_, now) in changed.items()} } (a graph replays the frozen value)")
                 if self.opts["runner.recapture"]:
                     cap = None
         if cap is None:
-            cap = self.captured[size] = self._capture(size)
-        if self.mode == "full":
+            cap = self.captured[(runtime, size)] = self._capture(runtime, size)
+        return cap
+
+    def pad_rows(self, st):
+        """(size, padded rows' state indices) of a FULL step, as its replay read them; None otherwise."""
+        if self.last is None or self.last[0] != "full":
+            return None
+        _, size, rows = self.last
+        return size, self.builder.state_indices[len(st["query_lens"]):rows].tolist()
+
+    def step(self, st):
+        c = self.copy
+        n = len(st["token_ids"])
+        runtime, size, rows = self.last = self.dispatch(st)
+        self._fill(n, size, st)
+        c.ctx.values["num_actual_tokens"] = n
+        cap = self._entry(runtime, size, st["step"]) if runtime else None
+        meta = self.builder.build(st, rows)  # after a capture, which stages its own metadata first
+        if cap is None:
+            o0 = c.submod0(self.input_ids[:n])
+            core = c.gdn_core(o0["qkv"], o0["b"], o0["a"], o0["core_out"], meta)
+            return collect(o0, c.submod1(core, o0["z"], o0["residual"]), n, core)
+        if runtime == "full":
             cap["graphs"][0].replay()
             o = cap["outs"][0]
             return collect(o, o, n, o["core_out"])
@@ -537,7 +653,7 @@ class GraphRunner:
             o0 = cap["outs"][0]
         else:
             o0 = c.submod0(self.input_ids[:size])
-        fresh = c.gdn_core(o0["qkv"][:n], o0["b"][:n], o0["a"][:n], o0["core_out"][:n], step_meta(st, c.device))
+        fresh = c.gdn_core(o0["qkv"][:n], o0["b"][:n], o0["a"][:n], o0["core_out"][:n], meta)
         if fresh.data_ptr() != o0["core_out"].data_ptr() and self.opts["runner.copy_inputs"]:
             o0["core_out"][:n].copy_(fresh)  # the splitting op allocated: copy into the captured input
         ins = cap["ins1"]
@@ -608,8 +724,8 @@ def main(argv=None) -> int:
             repairs |= set(spec["default_repairs"])
         elif r not in spec["knobs"]["repairs"]:
             die(f"unknown repair {r!r} (known here: {', '.join(spec['knobs']['repairs'])})")
-        elif spec["knobs"]["repairs"][r].get("piecewise_only") and spec["mode"] == "full":
-            die(f"repair {r}: the full-mode graph holds the whole chain, so no family can run eagerly inside it")
+        elif spec["knobs"]["repairs"][r].get("piecewise_only") and MODES[spec["mode"]][0] == "full":
+            die(f"repair {r}: a FULL decode graph holds the whole chain, so no family can run eagerly inside it")
         else:
             repairs.add(r)
     eager_opts, replay_opts = options_for(spec, hazards, sorted(repairs))
@@ -623,8 +739,9 @@ def main(argv=None) -> int:
         P = load_weights(spec, device)
         graphs = Graphs(device)
         eager_copy, replay_copy = LayerCopy(P, spec, eager_opts, device), LayerCopy(P, spec, replay_opts, device)
-        eager = EagerRunner(eager_copy)
-        runner = GraphRunner(replay_copy, graphs, spec, replay_opts)
+        rules = {**RULE_DEFAULTS, **spec.get("rules", {})}
+        eager = EagerRunner(eager_copy, rules)
+        runner = GraphRunner(replay_copy, graphs, spec, replay_opts, rules)
         w = spec["weights"]
         print(f"torch {torch.__version__} on {device_name(device)}; graphs: {graphs.api}")
         print(f"mode {spec['mode']}; hazard {', '.join(hazards) or 'none'}; "
@@ -639,10 +756,12 @@ def main(argv=None) -> int:
             if div is not None:
                 print(f"REPRODUCED: replay diverges from eager at {describe(div)}")
                 n = len(st["token_ids"])
-                size = runner._size(st)
+                runtime, size, _ = runner.last
+                pads = runner.pad_rows(st)
                 print(f"  this step: requests {st['request_ids']} slots {st['slots']} query_lens {st['query_lens']}"
-                      + (f", padded to {size}: padded rows' state indices {runner.token_slot[n:size].tolist()}, "
-                         f"input ids {runner.input_ids[n:size].tolist()}" if size else ", run eagerly (not graphed)"))
+                      + (f", {runtime} padded to {size}" if runtime else ", run eagerly (not graphed)")
+                      + (f": padded rows' state indices {pads[1]}" if pads else "")
+                      + (f", input ids {runner.input_ids[n:size].tolist()}" if runtime and size > n else ""))
                 if prev is not None:
                     print(f"  previous step: requests {prev['request_ids']} slots {prev['slots']} "
                           f"query_lens {prev['query_lens']}")

@@ -107,7 +107,7 @@ def math_source() -> tuple[str, list[str]]:
     for module, name in ROOTS:
         visit(getattr(importlib.import_module(module), name))
     lines = ["# ---- generated: do not edit here; these are the suite's `kernels/` references, copied in by",
-             "# ---- `repro report` (repro/standalone/generate.py), dependencies first.", ""]
+             "# ---- `repro report` (repro/report/standalone/generate.py), dependencies first.", ""]
     for g, (value, module) in sorted(consts.items()):
         lines.append(f"{g} = {value!r}  # {module}")
     for fn in order:
