@@ -1,4 +1,4 @@
-"""Race amplification: make a stream hazard's bad interleaving happen on every step (issue 20).
+"""Race amplification: make a stream hazard's bad interleaving happen on every step.
 
 A stream hazard is a race; whether a run catches it depends on how fast the kernels around it
 finish (an H200 with Triton kernels let async-output-copy's copy land before the host read it,

@@ -22,7 +22,7 @@ BATCH_VARIANCE = "batch variance"  # exact-shape eager vs padded-shape eager, wi
 NONDETERMINISM = "nondeterminism"  # the same eager call on identical inputs differs: a finding
 ROUTING_TIE = "routing tie"  # the MoE router flipped an expert at a near-tie vs the reference copy: a finding
 FAILURES = (GRAPH_HAZARD, CORRUPTION)
-WEIGHTS = "weights"  # the `island` of a weight that changed (issue 16.2)
+WEIGHTS = "weights"  # the `island` of a weight that changed
 UNOWNED = "no live request owns it"  # the note of a state slot written outside every live request
 KERNEL_FINDINGS = (BATCH_VARIANCE, NONDETERMINISM, ROUTING_TIE)
 

@@ -1,4 +1,4 @@
-"""Which kernel call shows a kernel finding, and the script that shows it alone (issue 15.4).
+"""Which kernel call shows a kernel finding, and the script that shows it alone.
 
 When the oracle finds nondeterminism or batch variance, the step is run again on the probe copy
 under `kernels.registry.recording()`, which keeps every call into a kernel's own package (FLA, a

@@ -1,4 +1,4 @@
-"""A step's output flags in one Triton launch on a CUDA device (issue 19).
+"""A step's output flags in one Triton launch on a CUDA device.
 
 `stepcheck.differs` costs two kernels and a few tensor views per compared output (`!=`, then
 `any`): about twenty launches a checked chain step, each several microseconds of host time. Here

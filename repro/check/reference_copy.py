@@ -1,4 +1,4 @@
-"""The third, independent copy (issue 16.1): which copy departed, and faults both copies share.
+"""The third, independent copy: which copy departed, and faults both copies share.
 
 The eager and the replay copy share their weights, the kernel registry and every process-wide
 cache, so a fault in any of those moves both the same way and their comparison cannot see it. The
@@ -142,7 +142,7 @@ def departed(batch, ref: dict, eager: dict, replay: dict, logits=None, routing=N
 class WeightWatch(TorchDispatchMode):
     """While active: the first op after which a watched weight no longer equals its pristine copy
     (`first`: (op, its index among the ops run, weight name)). Custom ops are seen whole, so the op
-    named is the kernel that wrote it (issue 16.2)."""
+    named is the kernel that wrote it."""
 
     def __init__(self, watched: dict):
         super().__init__()

@@ -1,6 +1,6 @@
 """The lockstep's per-step check, computed on the device and read by the host in one copy.
 
-Issue 19.1 / 16.2 / 16.3. Each step, on the device and without a host synchronisation:
+Each step, on the device and without a host synchronisation:
 
 - every compared output: one flag, "some element's bit pattern differs" (`bits`); on a CUDA
   device with Triton all of them in one kernel (`outflags.py`: the same test, word by word);
@@ -34,7 +34,7 @@ in).
 On a CUDA device the reads of tensors that keep their address for the whole run (the state
 caches' slot flags, the weight digests) are each captured once as a CUDA graph and replayed every
 step: one launch where there were about forty small ones, the same kernels reading the same
-addresses, so the same bits come out (issue 19: the check's host time, not its device time, was
+addresses, so the same bits come out (the check's host time, not its device time, was
 the cost). The graphs are the checker's own, not the system under test's; a state tensor that
 moves (another cache) is captured again.
 """

@@ -30,7 +30,7 @@ Comm modes (how the replay copy places the all-reduce; the eager reference alway
   in that order on one stream (or run in that order on the CPU). What can hide the hazard is the
   values: step k+1 rewrites only its own rows, and rows whose token ids repeat get the same
   values, so a read of the overwritten buffer can still give the right sum. The race amplifier
-  (`amplify`, on by default, issue 20) therefore holds the buffer and overwrites it with NaN
+  (`amplify`, on by default) therefore holds the buffer and overwrites it with NaN
   right after each issue (the overwrite the hazard is about, with a value no step computes; step
   k+1's own issue poisons the rows it wrote too), so a collective that reads the buffer after its
   issue reads NaN on every step. Every piece writes the rows it issues before issuing them, and

@@ -63,7 +63,7 @@ def collect(o0: dict, o1: dict, ids: torch.Tensor, n: int, core: torch.Tensor | 
     """Every island's outputs, live rows only, as the step left them. `core` is what the
     splitting op returned (its `core_out` buffer unless it allocated a fresh tensor).
 
-    Views, not copies (issue 19.1): the lockstep compares them, on the same stream, before the
+    Views, not copies: the lockstep compares them, on the same stream, before the
     next replay can overwrite a graph's outputs, so a clone would read exactly the same bytes a
     step later in the queue. Eager outputs are fresh tensors the dict keeps alive. A caller that
     keeps a replay's outputs past the next step must copy them itself."""
