@@ -201,7 +201,10 @@ def _targets(name: str, provider: str) -> list[str]:
         if not chosen:
             raise KernelSelectionError(
                 f"no op in {name!r} ({', '.join(members)}) has a provider {provider!r}")
-        return chosen
+        # A group takes the members the provider can run here (fla has no spec decode); an absent
+        # provider for every member is refused with the first member's reason.
+        present = [op for op in chosen if _availability(_entry(op, provider))[0]]
+        return present or chosen[:1]
     raise KernelSelectionError(
         f"unknown kernel op or group {name!r}; ops: {', '.join(ops())}; "
         f"groups: {', '.join(sorted(_groups))}, all")
