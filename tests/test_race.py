@@ -17,6 +17,10 @@ import re
 from dataclasses import replace
 
 import pytest
+
+from repro.control.dispatch import DEFAULT_SIZES, Dispatcher, uniform_decode
+from repro.control.modes import Runtime, parse_mode
+from repro.knobs.options import UniformDecode
 import torch
 
 from repro.knobs import hazards as hz
@@ -310,8 +314,13 @@ def gpu(tiny_path, device):
     return Model(tiny_path, provider.device), provider
 
 
-def _first_graphed_step(seq, mode, sizes=(1, 2, 4, 8, 16)):
-    return next(b.step for b in seq.batches() if b.num_tokens <= max(sizes) and (mode == "piecewise" or b.uniform_decode))
+def _first_graphed_step(seq, mode):
+    """The first step the runner replays a graph for, as it dispatches (`control.dispatch`): under
+    full_and_piecewise a mixed step replays its PIECEWISE pieces, so that is usually step 0."""
+    d = Dispatcher(parse_mode(mode), DEFAULT_SIZES, 0, seq.num_slots)
+    return next(b.step for b in seq.batches()
+                if d.dispatch(b.num_tokens, uniform_decode(UniformDecode.PAST_PROMPT, b.query_lens, b.is_prefilling(),
+                                                           0))[0] is not Runtime.NONE)
 
 
 @pytest.mark.exclusive
