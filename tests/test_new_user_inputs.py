@@ -13,18 +13,12 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from repro.cli.app import main
+from refusals import refused
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _refused(capsys, argv, *needles):
-    rc = main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for n in needles:
-        assert n in err, err
-    return err
+_refused = refused
 
 
 def _repro(argv, cwd, env=None, **kw):

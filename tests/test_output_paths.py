@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from repro.cli.app import main
+from refusals import refused
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,14 +27,7 @@ OUTPUTS = [
 ]
 
 
-def _refused(capsys, argv, *needles):
-    rc = main(argv)
-    err = capsys.readouterr().err
-    assert rc == 2, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    for n in needles:
-        assert n in err, err
-    return err
+_refused = refused
 
 
 def _with_model(argv, tiny_path):
