@@ -69,3 +69,70 @@ def test_cli_bench_hunt_have_no_cycle():
 
 def test_no_import_cycle_in_the_package():
     assert not cycles(graph()), cycles(graph())
+
+
+# Layers, lowest first: a module may import its own layer and those below, never one above.
+# (`repro.cli` is the edge: it may import anything; nothing imports it but `repro.__main__`.)
+LAYERS = (
+    ("repro", "repro.errors", "repro.io", "repro.progress"),
+    ("repro.knobs.options",),  # the rule settings, plain data
+    ("repro.graphs", "repro.model", "repro.control"),
+    ("repro.knobs", "repro.env"),
+    ("repro.islands",),
+    ("repro.capture",),
+    ("repro.check",),
+    ("repro.lockstep", "repro.scheduler"),
+    ("repro.job", "repro.comm"),
+    ("repro.search",),
+    ("repro.report",),
+    ("repro.job.run", "repro.search.hunt"),  # the jobs' entry points: they write a --report
+    ("repro.bench",),
+    ("repro.cli", "repro.__main__"),
+)
+# The standalone script's template is written into a report whole: one file by design.
+LONG_OK = {"repro/report/standalone/gdn_chain.py"}
+
+
+def layer_of(module: str) -> int:
+    """The layer of a `repro` module (its longest listed prefix); kernels sit below the whole package."""
+    if not module.startswith("repro"):
+        return -1
+    best = max((p for names in LAYERS for p in names if module == p or module.startswith(p + ".")), key=len)
+    return next(i for i, names in enumerate(LAYERS) if best in names)
+
+
+def test_layer_of_reads_the_table():
+    assert layer_of("repro.capture.runner") == layer_of("repro.capture") and layer_of("repro.errors") == 0
+    assert layer_of("kernels.registry") == -1 and layer_of("repro.cli.app") == len(LAYERS) - 1
+    # a listed module sits apart from its package: the rules the control path reads sit below it,
+    # and the two jobs' entry points above the report they write
+    assert layer_of("repro.knobs.options") < layer_of("repro.control.dispatch") < layer_of("repro.knobs.hazards")
+    assert layer_of("repro.job.cases") < layer_of("repro.report.repairs") < layer_of("repro.job.run")
+
+
+def test_no_module_imports_one_above_its_layer():
+    up = sorted((m, t) for m, targets in graph().items() for t in targets
+                if m.startswith("repro") and layer_of(t) > layer_of(m))
+    assert not up, up
+
+
+def test_no_module_over_400_lines():
+    long = sorted(str(p.relative_to(ROOT)) for pkg in ("repro", "kernels") for p in (ROOT / pkg).rglob("*.py")
+                  if len(p.read_text().splitlines()) > 400 and str(p.relative_to(ROOT)) not in LONG_OK)
+    assert not long, long
+
+
+def test_only_the_command_line_imports_inside_functions():
+    """The library's imports are all at the top of its modules, so what a module needs is read at a
+    glance and a cycle fails at import; only `repro/cli/` defers its imports (so `repro --help`
+    stays fast). Optional third-party packages (triton, FLA, IPEX) are not the project's."""
+    found = []
+    for p in (ROOT / "repro").rglob("*.py"):
+        if "cli" in p.relative_to(ROOT).parts:
+            continue
+        for fn in ast.walk(ast.parse(p.read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("repro")):
+                        found.append(f"{p.relative_to(ROOT)}:{node.lineno}")
+    assert not found, found

@@ -13,6 +13,8 @@ from .replay import (BENCH_ISLANDS, CHOICES, MODES, TARGET_FLOOR_RATIO, TARGET_S
 from ..errors import BadInput
 from ..graphs import make_provider
 from ..io import check_output_file, write_json, write_with
+from .lockrates import format_rates
+from .hunt_rates import format_hunt_rates, hunt_rates
 
 
 def _f(v, fmt="{:.1f}"):
@@ -39,7 +41,6 @@ def format_table(res: BenchResult) -> str:
                      f"{'met' if t['within_5x_of_floor'] else 'NOT met'}), eager/replay {t['eager_over_replay']:.1f} "
                      f"(>= {TARGET_SPEEDUP:g}: {'met' if t['replay_10x_faster_than_eager'] else 'NOT met'})")
     if res.lockstep_rates:
-        from .lockrates import format_rates
         lines.append(format_rates(res.lockstep_rates))
     if res.tiny_rates:
         r = res.tiny_rates
@@ -206,7 +207,6 @@ def _bench(a: BenchConfig, batches) -> int:
         print(format_profiles(res))
     rates = None
     if a.hunt_rates:
-        from .hunt_rates import format_hunt_rates, hunt_rates
         if log:
             log(f"hunt rates: each record hazard told and blind, at most {a.hunt_examples} sequences a hunt")
         rates = hunt_rates(str(path), a.device, a.hunt_examples, a.stack, a.spec_tokens, provider.supports_streams,

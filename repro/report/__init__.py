@@ -37,6 +37,7 @@ from .kernel import INPUTS as KERNEL_INPUTS
 from .kernel import SCRIPT as KERNEL_SCRIPT
 from .kernel import make_kernel_script
 from .script import SCRIPT, WEIGHTS, make_standalone, standalone_gap
+from ..islands import Model
 
 OUTPUTS = ("REPORT.md", "env.txt", "sequence.json", "result.json", SCRIPT, WEIGHTS, KERNEL_SCRIPT, KERNEL_INPUTS)
 
@@ -105,7 +106,6 @@ def _model(doc, layer):
     ck = doc.get("checkpoint")
     if not ck or not Path(ck).is_dir():
         return None
-    from ..islands import Model
     try:
         return Model(ck, "cpu", layer)
     except BadInput:

@@ -5,6 +5,7 @@ import os
 import platform
 import subprocess
 import sys
+from ..env import environment, format_env
 
 
 def _guard(fn, default="?"):
@@ -37,7 +38,6 @@ def drivers() -> list[str]:
 
 
 def environment_text(doc: dict) -> str:
-    from ..env import environment, format_env
     lines = ["# Environment of the machine that wrote this report (`repro env`)", "",
              format_env(environment()), "devices and drivers"]
     lines += [f"  {x}" for x in drivers()]

@@ -13,6 +13,10 @@ from pathlib import Path
 
 from ..errors import BadInput
 from ..check.kernelcase import INPUTS, SCRIPT, write_kernel_script
+from ..graphs import make_provider
+from ..islands import Model
+from ..job.cases import Case, run_case
+from ..scheduler.sequence import Sequence
 
 
 @dataclass
@@ -39,10 +43,6 @@ def make_kernel_script(stage: Path, doc: dict, r: dict, steps: list, seqj: dict,
         return KernelScript(None, [], "")
     from kernels import registry
 
-    from ..graphs import make_provider
-    from ..islands import Model
-    from ..job.cases import Case, run_case
-    from ..scheduler.sequence import Sequence
     ck = doc.get("checkpoint")
     if not ck or not Path(ck).is_dir():
         return KernelScript(fd, [], "the checkpoint is not readable here: the kernel's inputs were not recorded")

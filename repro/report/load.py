@@ -9,6 +9,7 @@ from ..io import read_json
 from ..knobs import hazards as hz
 from ..model.checkpoint import Checkpoint
 from ..model.config import GDN, ConfigError
+from ..scheduler.sequence import Sequence
 
 
 def load_result(path) -> dict:
@@ -89,7 +90,6 @@ def steps_that_ran(doc: dict, r: dict, sentinel: int | None):
     A hunt's `minimal_sequence` carries them. `repro run --json` writes its sequence's steps as
     scheduled for the default slot range, while a run whose kernel sentinel is -1 used slots
     0..N-1: the candidate whose divergent step matches the microscope's context is taken."""
-    from ..scheduler.sequence import Sequence
     seqj = doc.get("minimal_sequence") or r.get("sequence") or doc["sequence"]  # a row may run its own
     source = "hunt" if "minimal_sequence" in doc else "run"
     seq = Sequence.from_json(seqj)

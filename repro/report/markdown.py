@@ -9,6 +9,7 @@ from ..knobs.stacks import STACKS
 from .cases import cited, explain
 from .repairs import RepairRow
 from .script import SCRIPT, WEIGHTS, Standalone, default_repairs
+from ..env import environment as probe
 
 
 def plural(n: int, word: str) -> str:
@@ -91,7 +92,6 @@ def header(f: Facts) -> list[str]:
 
 
 def environment(f: Facts) -> list[str]:
-    from ..env import environment as probe
     env = probe()
     t, dev, pk = env["torch"], env["devices"], env["packages"]
     gp = [f"{k} ({v['detail']})" for k, v in env["graph_providers"].items() if v["available"]]

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 from ..knobs import hazards as hz
 from ..errors import Refused
+from ..graphs import TapeProvider
+from ..job.cases import Case, run_case
+from ..scheduler.sequence import Sequence
 
 
 @dataclass
@@ -83,9 +86,6 @@ def repair_rows(doc: dict, r: dict, steps, seqj, model, sentinel: int | None) ->
     if r["island"] not in hz.CHAIN_ISLANDS:
         return rows + [RepairRow(rep, None, None, None, "not run", f"island {r['island']}: run it with `repro run`")
                        for rep in wanted]
-    from ..graphs import TapeProvider
-    from ..job.cases import Case, run_case
-    from ..scheduler.sequence import Sequence
     provider = TapeProvider("cpu")
     seq = Sequence(requests=[], num_slots=seqj.get("num_slots", 8), max_tokens=seqj.get("max_tokens", 16),
                    vocab=seqj.get("vocab", 512), seed=seqj.get("seed", 0), steps=steps)

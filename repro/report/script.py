@@ -16,6 +16,11 @@ from pathlib import Path
 from ..knobs import hazards as hz
 from .standalone.generate import GenerationError, render_script, script_options
 from .load import kernel_sentinel, standalone_gap
+from ..control.modes import Runtime, parse_mode
+from ..model.config import TINY
+from ..control.dispatch import DEFAULT_SIZES
+from ..islands import kind
+from .standalone.generate import needs
 
 # Largest embedded weights file (a real 35B-A3B layer with all experts is ~0.9 GB: too big to attach).
 EMBED_LIMIT = 64 << 20
@@ -39,7 +44,6 @@ def default_repairs(r: dict) -> list[str]:
 
 def full_decode(mode: str) -> bool:
     """The mode captures the decode chain as one FULL graph (no family can run eagerly inside it)."""
-    from ..control.modes import Runtime, parse_mode
     return parse_mode(mode).has(Runtime.FULL)
 
 
@@ -76,7 +80,6 @@ def knobs() -> dict:
 
 
 def config_of(model) -> tuple[dict, dict]:
-    from ..model.config import TINY
     cfg = model.cfg if model is not None else TINY
     tp = model.tp_size if model is not None else 1
     c = {"hidden": cfg.hidden_size, "hk": cfg.linear_num_key_heads // tp, "hv": cfg.linear_num_value_heads // tp,
@@ -115,8 +118,6 @@ def embedded_tensors(model, embed_ids) -> dict:
 
 
 def build_spec(doc, r, steps, seqj, model, sentinel, title, weights) -> dict:
-    from ..control.dispatch import DEFAULT_SIZES
-    from ..islands import kind
     c, q = config_of(model)
     fd = r.get("first_divergence")
     return {"title": title, "hazards": list(r["hazards"]), "repairs": list(r["repairs"]),
@@ -201,7 +202,6 @@ def make_standalone(folder: Path, doc, r, steps, seqj, model, sentinel, title, v
     """Write the script. weights="auto": seeded random weights when the script, run here, gives the
     recorded outcome at the recorded place; else the layer's tensors embedded beside it (when the
     checkpoint is here and small enough). "seed" / "embed" force one."""
-    from .standalone.generate import needs
     why = standalone_gap(r)
     if why:
         return Standalone(False, why)
