@@ -298,3 +298,27 @@ def test_the_rates_table_says_whether_the_target_holds_and_on_which_hosts():
     assert "met by 1 of 2 rows (below: submod0 piecewise device 255.3)" in line
     assert "with the third copy: met by 0 of 1 rows (below: submod0 piecewise reference/16 212.8)" in line
     assert target_line({"cases": [rows[2], rows[3], rows[4]]}) is None
+
+
+def test_lockstep_rates_at_k_draft_tokens_beside_k0(model):
+    """`--lockstep-rates --spec-tokens K`: each chain case runs again on the seed's sequence with K draft
+    tokens a decode (its steps carry drafts), measured in the same run, and the table gives K's steady
+    steps/s over K=0's; the other islands run at K=0 only."""
+    from repro.graphs import make_provider
+    from repro.bench.lockrates import format_rates, lockstep_rates, spec_ratios
+    r = lockstep_rates(model, make_provider("cpu"), steps=12, examples=0, checks=("device", "reference"),
+                       cases=(("chain", "full"), ("submod0", "piecewise")), spec_tokens=2)
+    keys = {(c["island"], c["spec_tokens"], c["check"]) for c in r["cases"]}
+    assert keys == {("chain", 0, "device"), ("chain", 2, "device"), ("chain", 0, "reference"),
+                    ("chain", 2, "reference"), ("submod0", 0, "device"), ("submod0", 0, "reference")}
+    assert all(not c["diverged"] and c["steps"] == 12 for c in r["cases"])
+    ((island, mode, ratio),) = spec_ratios(r)
+    assert island == "chain" and mode == "full" and ratio > 0
+    table = format_rates(r)
+    assert "full K=2" in table and "the device check at K=2 runs" in table
+
+
+def test_cli_spec_tokens_needs_a_rate_that_uses_it(tiny_path, capsys):
+    assert main(["bench", "--device", "cpu", "--model", tiny_path, "--spec-tokens", "2", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--spec-tokens: only with --hunt-rates or --lockstep-rates" in err[0]

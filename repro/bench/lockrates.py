@@ -52,21 +52,22 @@ def run_checked(model, provider, island: str, mode: str, seq, check: str = "devi
         if check == "unchecked":
             return run_unchecked(provider, seq.batches(), moe=model)
         return run_moe_lockstep(model, provider, seq.batches(), check="host" if check == "host" else "device")
-    ref = None
+    ref, k = None, seq.spec_tokens
     if check == "reference":
-        ref = ReferenceCopy(independent_copy(model, seq.num_slots, 0),
+        ref = ReferenceCopy(independent_copy(model, seq.num_slots, 0, k),
                             default_every(provider.device) if every is None else every)
         check = "device"
     opts = hz.options_for((), ())
     opts = replace(opts, runner=replace(opts.runner, eager_families=opts.runner.eager_families | kind(island).eager))
-    make = lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=0)
+    make = lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=0, spec_tokens=k)
     if check == "unchecked":
-        return run_unchecked(provider, seq.batches(), make, mode, opts, seq.max_tokens)
+        return run_unchecked(provider, seq.batches(), make, mode, opts, seq.max_tokens, num_slots=seq.num_slots)
     return run_lockstep(make, provider, seq.batches(), mode=mode, opts=opts, max_tokens=seq.max_tokens, check=check,
-                        reference=ref)
+                        reference=ref, max_num_seqs=seq.num_slots)
 
 
-def run_unchecked(provider, batches, make_copy=None, mode="piecewise", opts=None, max_tokens=64, moe=None):
+def run_unchecked(provider, batches, make_copy=None, mode="piecewise", opts=None, max_tokens=64, moe=None,
+                  num_slots: int = 8):
     """The lockstep's two copies with nothing checked: each step prepared, run through the eager and
     the replay copy (built and captured as `Lockstep` / `run_moe_lockstep` build them; `moe`: the
     model, for the moe island), the next step prepared, one synchronisation. No comparison, no state
@@ -81,7 +82,7 @@ def run_unchecked(provider, batches, make_copy=None, mode="piecewise", opts=None
                 return eager_island(input_ids=b.ids(provider.device))
         replay, graphs = (lambda b: runner.step(b.host_ids())), runner
     else:
-        ls = Lockstep(make_copy, provider, mode, opts, max_tokens=max_tokens, check="host")
+        ls = Lockstep(make_copy, provider, mode, opts, max_tokens=max_tokens, check="host", max_num_seqs=num_slots)
         ph, eager, replay, graphs = ls.phases, ls.eager.step, ls.graph.step, ls.graph
     for i, b in enumerate(batches):
         ph.start()
@@ -108,20 +109,26 @@ def run_unchecked(provider, batches, make_copy=None, mode="piecewise", opts=None
 
 
 def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: int = 0, checks=CHECKS,
-                   cases=CASES, log=None, every=None) -> dict:
+                   cases=CASES, log=None, every=None, spec_tokens: int = 0) -> dict:
     """Steps/s per case and check, and Hypothesis examples/s (device check), on `model`
     (an `islands.Model`) and `provider`. `every`: the third copy's cadences, one "reference" row
     each (default: the device's, `reference_copy.default_every`); a row says how many steps the
-    third copy ran. The moe island has no third copy: one "reference" row, the device check."""
+    third copy ran. The moe island has no third copy: one "reference" row, the device check.
+    `spec_tokens` K > 0: each chain case runs again on the seed's sequence with K draft tokens a
+    decode (spec decodes, seeded acceptance, 1+K-token prompts), its rows beside K = 0's."""
     every = tuple(every) if every else (default_every(provider.device),)
     log = log or (lambda s: None)
-    seq = default_sequence(seed, steps, vocab=model.cfg.vocab_size)
+    seqs = {0: default_sequence(seed, steps, vocab=model.cfg.vocab_size)}
+    if spec_tokens:
+        seqs[spec_tokens] = default_sequence(seed, steps, vocab=model.cfg.vocab_size, spec_tokens=spec_tokens)
+    runs = [(island, mode, k) for island, mode in cases for k in (seqs if island == "chain" else (0,))]
     out: dict = {"checkpoint": str(model.path), "device": device_name(provider), "provider": provider.name,
                  "steps": steps, "target_steps_per_s": TARGET_STEPS_PER_S,
                  "host_us_per_op": host_us_per_op(provider.device), "cases": []}
-    if cases:  # compile and autotune every kernel the sequence needs before the first timed case
-        run_checked(model, provider, *cases[0], seq, "device" if "device" in checks or not checks else checks[0])
-    for island, mode in cases:
+    for k in seqs if runs else ():  # compile and autotune every kernel the sequences need before the first timed case
+        run_checked(model, provider, *(runs[0][:2]), seqs[k], "device" if "device" in checks or not checks else checks[0])
+    for island, mode, k in runs:
+        seq = seqs[k]
         for check in checks:
             for n in (every if check == "reference" and island != "moe" else (None,)):
                 before = host_us_per_op(provider.device, calls=500)
@@ -130,7 +137,7 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
                 dt = time.perf_counter() - t0
                 after = host_us_per_op(provider.device, calls=500)
                 ph = r.phases
-                row = {"island": island, "mode": mode, "check": check, "reference_every": n,
+                row = {"island": island, "mode": mode, "spec_tokens": k, "check": check, "reference_every": n,
                        "reference_steps": r.reference_steps, "steps": r.steps, "captures": r.captures,
                        "diverged": r.divergence is not None, "run_steps_per_s": round(r.steps / dt, 2),
                        **{k: ph.get(k) for k in ("steady_steps", "steady_steps_per_s", "step_us", "timing",
@@ -142,7 +149,7 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
                 row["host_us_per_op"] = us = round((before + after) / 2, 2)
                 row["op_times"] = round(1e6 / (row["steady_steps_per_s"] * us)) if row["steady_steps_per_s"] else None
                 out["cases"].append(row)
-                log(f"  lockstep {island:<8} {mode:<9} {_check_name(row):<12} {row['steady_steps_per_s']} steps/s "
+                log(f"  lockstep {island:<8} {_mode_name(row):<9} {_check_name(row):<12} {row['steady_steps_per_s']} steps/s "
                     f"steady, {row['run_steps_per_s']} with captures")
     if examples:
         out["hunt"] = hunt_rate(model, provider, examples)
@@ -193,11 +200,25 @@ def _check_name(row: dict) -> str:
     return f"{row['check']}/{n}" if n is not None else row["check"]
 
 
+def _mode_name(row: dict) -> str:
+    """A row's mode as the table shows it: `full K=2` for a chain case with two draft tokens a decode."""
+    k = row.get("spec_tokens") or 0
+    return f"{row['mode']} K={k}" if k else row["mode"]
+
+
+def spec_ratios(r: dict) -> list[tuple[str, str, float]]:
+    """(island, mode, K>0 steady steps/s over K=0's) for each device-check case measured at both."""
+    dev = {(c["island"], c["mode"], c.get("spec_tokens") or 0): c["steady_steps_per_s"] for c in r["cases"]
+           if c["check"] == "device" and c.get("steady_steps_per_s")}
+    return [(i, m, round(v / dev[(i, m, 0)], 3)) for (i, m, k), v in dev.items() if k and (i, m, 0) in dev]
+
+
 def _check_cost(row: dict, cases: list) -> str:
     """What a checked row's check adds to the two copies alone: its op-times less those of its case's
     unchecked row (`+N`), "-" where either is missing (or for the unchecked row itself)."""
     floor = next((c.get("op_times") for c in cases if c["check"] == "unchecked"
-                  and (c["island"], c["mode"]) == (row["island"], row["mode"])), None)
+                  and (c["island"], c["mode"], c.get("spec_tokens")) == (row["island"], row["mode"],
+                                                                         row.get("spec_tokens"))), None)
     if row["check"] == "unchecked" or floor is None or row.get("op_times") is None:
         return "-"
     return f"{row['op_times'] - floor:+d}"
@@ -210,7 +231,7 @@ def format_rates(r: dict) -> str:
     rows = [head]
     for c in r["cases"]:
         f = c["fractions"] or {}
-        rows.append((c["island"], c["mode"], _check_name(c), str(c["steady_steps_per_s"]), str(c["run_steps_per_s"]),
+        rows.append((c["island"], _mode_name(c), _check_name(c), str(c["steady_steps_per_s"]), str(c["run_steps_per_s"]),
                      str(c.get("host_us_per_op")), str(c.get("op_times")), _check_cost(c, r["cases"]),
                      *(f"{f.get(k) or 0:.0%}" for k in ("eager", "replay", "compare", "weights", "read", "prepare",
                                                           "oracle"))))
@@ -225,6 +246,9 @@ def format_rates(r: dict) -> str:
     target = target_line(r)
     if target:
         lines.append(target)
+    for island, mode, ratio in spec_ratios(r):
+        lines.append(f"{island} {mode}: the device check at K={max(c.get('spec_tokens') or 0 for c in r['cases'])} "
+                     f"runs {ratio:.2f}x the steady steps/s of K=0 (same run)")
     if "hunt" in r:
         lines.append(f"hunt: {r['hunt']['examples_per_s']} examples/s ({r['hunt']['examples']} examples)")
     if r.get("host_us_per_op") is not None:

@@ -179,9 +179,10 @@ def bench_command(a: BenchConfig) -> int:
     if a.island not in CHOICES:
         raise BadInput(f"unknown island {a.island!r} for bench (choose from {', '.join(CHOICES)})")
     batches = parse_batches(a.batches)
-    for flag, given in (("--stack", a.stack != "fixed"), ("--spec-tokens", a.spec_tokens is not None)):
-        if given and not a.hunt_rates:
-            raise BadInput(f"{flag}: only with --hunt-rates (the replay and lockstep rows run the fixed stack at K=0)")
+    if a.stack != "fixed" and not a.hunt_rates:
+        raise BadInput("--stack: only with --hunt-rates (the replay and lockstep rows run the fixed stack)")
+    if a.spec_tokens is not None and not (a.hunt_rates or a.lockstep_rates):
+        raise BadInput("--spec-tokens: only with --hunt-rates or --lockstep-rates (the replay rows run at K=0)")
     if a.hunt_rates and a.hunt_examples < 1:
         raise BadInput("--hunt-examples 0: each --hunt-rates hunt needs at least one sequence")
     if a.plot:
@@ -201,7 +202,7 @@ def _bench(a: BenchConfig, batches) -> int:
                     batches=batches, modes=modes, iters=a.iters, warmup=a.warmup, seed=a.seed,
                     rates=not a.no_tiny_rates, log=log, profile=a.profile,
                     lockstep_steps=a.lockstep_steps if a.lockstep_rates else 0, hunt_examples=a.hunt_examples,
-                    reference_every=a.reference_every, cache=a.cache)
+                    reference_every=a.reference_every, cache=a.cache, spec_tokens=a.spec_tokens or 0)
     print(format_table(res))
     if a.profile:
         print(format_profiles(res))

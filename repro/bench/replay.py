@@ -359,7 +359,7 @@ def checkpoint_for(preset: str, device, cache=None) -> Path:
 def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, repairs: bool = True,
               batches=(1, 8, 32), modes=MODES, iters: int = 50, warmup: int = 5, seed: int = 0,
               rates: bool = False, log=None, profile: int = 0, lockstep_steps: int = 0,
-              hunt_examples: int = 20, reference_every=None, cache=None) -> BenchResult:
+              hunt_examples: int = 20, reference_every=None, cache=None, spec_tokens: int = 0) -> BenchResult:
     from kernels import registry
 
     log = log or (lambda s: None)
@@ -385,7 +385,7 @@ def run_bench(checkpoint, provider, islands=CHOICES[2:], chain: bool = True, rep
             res.rows.extend(bench.repairs(b, modes))
     if lockstep_steps:
         res.lockstep_rates = lockstep_rates(model, provider, steps=lockstep_steps, examples=hunt_examples, seed=seed,
-                                            log=log, every=reference_every)
+                                            log=log, every=reference_every, spec_tokens=spec_tokens)
     if rates:
         res.tiny_rates = tiny_rates(seed=seed, cache=cache)
     return res

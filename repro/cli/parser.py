@@ -210,7 +210,8 @@ def _bench(sub) -> None:
     s.add_argument("--island", default="all", help="all | chain | submod0 | gdn_core | submod1 | moe")
     s.add_argument("--mode", type=mode, default=None, help="chain capture mode: " + MODE_HELP)
     _stack(s)
-    _spec(s, "with --hunt-rates: the draft tokens a decode carries in every hunt (default: each hazard's own K)")
+    _spec(s, "with --hunt-rates: the draft tokens a decode carries in every hunt (default: each hazard's own K); "
+             "with --lockstep-rates: the chain cases run again at K, beside K=0")
     s.add_argument("--hunt-rates", action="store_true",
                    help="also: for each bug of the public record, seconds to the first failing sequence and to the "
                         "minimal one, told (--hazard, fixed stack) and blind (no hazard, on the first stack profile "
