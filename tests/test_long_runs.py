@@ -8,7 +8,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import long_runs  # noqa: E402
 
-from repro.graphs import TapeProvider  # noqa: E402
+from repro.graphs import TapeProvider, make_provider  # noqa: E402
 from repro.islands import Model  # noqa: E402
 from repro.job.cases import Case  # noqa: E402
 
@@ -27,8 +27,11 @@ def test_a_baseline_row_is_clean_and_a_live_hazard_row_is_not(model_provider):
     assert bad.expect == "diverged" and bad.ok and not bad.clean and "gdn_core" in bad.failure
 
 
-def test_the_loud_repair_is_expected_loud(model_provider):
-    model, provider = model_provider
+def test_the_loud_repair_is_expected_loud(device, tiny_path):
+    """On the device under test: a replay the runner refuses ends the step early, before its read;
+    the step's timing must still close (on a GPU its device events were still pending)."""
+    provider = make_provider(device)
+    model = Model(tiny_path, provider.device)
     r = long_runs.run(model, provider, Case("chain", "full_and_piecewise", ("shape-only-uniform-decode",),
                                              ("replay-assert",), spec_tokens=2), 8, 0)
     assert r.expect == "finding" and r.ok and not r.clean and "replay-refused" in r.failure

@@ -96,13 +96,17 @@ def main(argv=None) -> int:
                     help="comma separated, vLLM's names (FULL resolves to FULL_AND_PIECEWISE for GDN: run once)")
     ap.add_argument("--dp", action="store_true", help="baselines with an idle data-parallel rank's dummy steps")
     ap.add_argument("--no-repairs", action="store_true", help="baselines only")
+    ap.add_argument("--no-baselines", action="store_true", help="the repair rows only")
+    ap.add_argument("--shard", default="0/1", help="I/N: run rows I, I+N, ... of the plan (N processes share a "
+                    "machine whose steps are host-bound)")
     a = ap.parse_args(argv)
     sel = {} if a.kernels == "default" else dict(kv.split("=") for kv in a.kernels.split(","))
     provider = make_provider(a.device)
     model = Model(checkpoint_for(a.preset, provider.device), provider.device)
     ks = [int(k) for k in a.spec_tokens.split(",")]
     modes = list(dict.fromkeys(mode_name(m) for m in a.modes.split(",")))
-    todo = cases(ks, modes, a.dp, not a.no_repairs)
+    i, n = (int(x) for x in a.shard.split("/"))
+    todo = cases([] if a.no_baselines else ks, modes, a.dp, not a.no_repairs)[i::n]
     print(f"# {len(todo)} runs of {a.steps} steps, seed {a.seed}, {a.preset}, kernels {a.kernels}, "
           f"{provider.name} on {provider.device}", flush=True)
     bad = 0

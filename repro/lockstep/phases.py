@@ -60,7 +60,11 @@ class Phases:
             self._last = now
 
     def stop(self, steady: bool = True) -> None:
-        """After the step's read: every event has completed. `steady`: no capture in this step."""
+        """After the step's read, every event has completed; a step cut short by an error (a replay
+        the runner refused) has not read, so the last event is waited for first (timing an event
+        still pending raises). `steady`: no capture in this step."""
+        if self._marks:
+            self._marks[-1][1].synchronize()
         for (_, a), (name, b) in zip(self._marks, self._marks[1:]):
             self._step[name] += a.elapsed_time(b) * 1e3
         self._marks = []
