@@ -45,3 +45,48 @@ def test_repaired_hazard_stays_clean(model_provider):
     model, provider = model_provider
     run_state_machine_as_test(lockstep_machine(model, provider, "full", hazards=("stale-pad",),
                                                repairs=("sanitize-pad",)), settings=_settings(12))
+
+
+def _dev(n):
+    """The `dev` profile's settings (repro/search/hunt.py), bounded to n examples."""
+    return settings(settings.get_profile("dev"), max_examples=n, stateful_step_count=25, deadline=None,
+                    derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+
+
+RULES = ("admit", "admit_long", "step", "steps", "finish", "drain", "dummy_step", "churn_allocator", "recapture")
+
+
+# The dispatches each mode can make: at K = 2 the machine's step budget (12 tokens) exceeds the
+# largest capture size (9: 16 rounds up to 18 and is dropped), so both modes also run eagerly;
+# FULL_DECODE_ONLY never replays pieces.
+DISPATCHES = {"full_and_piecewise": ("dispatch:FULL", "dispatch:PIECEWISE", "dispatch:NONE"),
+              "full_decode_only": ("dispatch:FULL", "dispatch:NONE")}
+
+
+@pytest.mark.parametrize("mode", sorted(DISPATCHES))
+def test_the_machine_reaches_every_action_and_rule_edge(model_provider, mode):
+    """With K = 2 and an idle data-parallel rank, a dev-profile search reaches each of its actions and
+    each edge of the control rules (`repro/search/edges.py`: accepted counts, 1+K prompts and the
+    shape-only uniform step, one-token first chunks, later chunks, dummy steps after a decode and
+    after a finish, a condense that moves a row, a reused block, each dispatch); one never reached
+    fails the test, naming it."""
+    from repro.search.edges import ALL, Edges
+    model, provider = model_provider
+    edges = Edges(mode, 2, 4)
+    run_state_machine_as_test(lockstep_machine(model, provider, mode, spec_tokens=2, data_parallel=True,
+                                               edges=edges), settings=_dev(60))
+    rules = [f"rule:{r}" for r in RULES]
+    wanted = [e for e in ALL if not e.startswith("dispatch:")] + list(DISPATCHES[mode])
+    missing = [e for e in rules if not edges.counts[e]] + edges.missing(wanted)
+    assert not missing, (missing, dict(edges.counts))
+
+
+def test_the_edge_counter_can_miss_an_edge(model_provider):
+    """The counter is not vacuous: a K = 0 search without an idle rank reaches no draft acceptance
+    and no dummy step."""
+    from repro.search.edges import Edges
+    model, provider = model_provider
+    edges = Edges("piecewise", 0, 4)
+    run_state_machine_as_test(lockstep_machine(model, provider, "piecewise", edges=edges), settings=_dev(5))
+    assert {"accept:all", "accept:some", "accept:none", "dummy"} <= set(edges.missing())
+    assert edges.counts["rule:step"] > 0 and edges.counts["dispatch:PIECEWISE"] > 0

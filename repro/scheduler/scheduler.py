@@ -146,6 +146,14 @@ class Scheduler:
             raise BadInput(f"request {rid} is not running")
         self._release(r, preempt, self.tick)
 
+    def abort_waiting(self) -> list[int]:
+        """End every request still waiting (none holds blocks; `Scheduler.finish_requests` on a
+        waiting request removes it from the queue), so a rank whose running requests finished goes
+        idle. Returns their ids."""
+        gone = [r.rid for r in self._waiting]
+        self._waiting = []
+        return gone
+
     def step(self, accepted: Mapping[int, int] | None = None) -> StepBatch | None:
         """Run one tick: settle the previous step's decodes with their kept counts (`accepted`:
         rid -> 1..1+K; a request left out takes its `accept` list's next value, or keeps all 1+K),

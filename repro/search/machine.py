@@ -2,9 +2,10 @@
 replays, and whose invariant is replay == eager.
 
 Rules: admit a request (prompt lengths on the scheduler's edges: 1, 1+K, and, a rule of its own,
-longer than the step budget), run a step (the scheduler's: decodes first, then prompt chunks; the
-kept count of each spec decode drawn), finish or preempt a request (its blocks are freed and
-reused), run a dummy step on an idle data-parallel rank, churn the allocator with eager tensors of
+longer than the step budget), run a step or several (the scheduler's: decodes first, then prompt
+chunks; the kept count of each spec decode drawn), finish or preempt a request (its blocks are
+freed and reused), on a data-parallel rank end every request at once and run a dummy step while
+idle, churn the allocator with eager tensors of
 drawn sizes, drop a captured size so it is recaptured, and, on device providers, move the replay
 to a side stream with an event wait. The steps come from `repro.scheduler.scheduler.Scheduler`,
 the one `repro run` sequences use. Shrinking turns a long failing run into a short rule list.
@@ -19,6 +20,7 @@ from ..control.dispatch import DEFAULT_SIZES
 from ..knobs.hazards import options_for
 from ..lockstep import Lockstep
 from ..scheduler.scheduler import Scheduler, block_pool
+from .edges import Edges
 
 MAX_TOKENS = 8
 
@@ -38,38 +40,66 @@ def long_prompt_lengths(spec_tokens: int = 0):
 
 
 def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), num_slots=4, sentinel=0,
-                     spec_tokens=0, data_parallel=False):
+                     spec_tokens=0, data_parallel=False, edges: Edges | None = None):
     """A RuleBasedStateMachine class over `model` (an `islands.Model`) on `provider`; K =
     `spec_tokens` draft tokens a decode, so each request holds 1+K of num_slots * (1+K) state
-    blocks; `data_parallel`: the rank runs dummy steps while it has nothing to run."""
+    blocks; `data_parallel`: the rank runs dummy steps while it has nothing to run. `edges`: counts
+    each rule run (`rule:NAME`) and the control-rule edges of each step (`edges.Edges`), over every
+    example the search runs."""
     k = spec_tokens
+
+    def counted(fn):
+        if edges is None:
+            return fn
+
+        def wrapper(self, *a, **kw):
+            edges.counts[f"rule:{fn.__name__}"] += 1
+            return fn(self, *a, **kw)
+        wrapper.__name__ = fn.__name__
+        return wrapper
+
+    def see(batch):
+        if edges is not None and batch is not None:
+            edges.see(batch)
 
     class LockstepMachine(RuleBasedStateMachine):
         def __init__(self):
             super().__init__()
             opts = options_for(hazards, repairs)
             kernel_sentinel = opts.sentinel(sentinel)
+            # with drafts, a budget that fits every request's decode (vLLM's max_num_batched_tokens is
+            # at least max_num_seqs * (1+K)), so running requests stay in the batch together
+            budget = max(MAX_TOKENS, num_slots * (1 + k))
             self.ls = Lockstep(lambda o: model.copy(o, num_slots=num_slots, sentinel=kernel_sentinel, spec_tokens=k),
-                               provider, mode=mode, opts=opts, max_tokens=MAX_TOKENS * 2, max_num_seqs=num_slots)
-            self.sched = Scheduler(MAX_TOKENS, block_pool(num_slots, k, 1 if kernel_sentinel == 0 else 0), k,
+                               provider, mode=mode, opts=opts, max_tokens=max(MAX_TOKENS * 2, budget),
+                               max_num_seqs=num_slots)
+            self.sched = Scheduler(budget, block_pool(num_slots, k, 1 if kernel_sentinel == 0 else 0), k,
                                    model.cfg.vocab_size, seed=0, data_parallel=data_parallel)
             self.next_rid = 0
             self.divergence = None
+            if edges is not None:  # each example starts a fresh runner: rows and blocks from empty
+                edges.reset()
             self.churn: list[torch.Tensor] = []
 
         # Long prompts are a rule of their own, so Hypothesis' swarm testing (whole rules turned
         # off in some runs) also tries runs of short prompts alone, as the machine always did.
         @rule(prompt_len=prompt_lengths(k))
+        @counted
         def admit(self, prompt_len):
+            self._admit(prompt_len)
+
+        @rule(prompt_len=long_prompt_lengths(k))
+        @counted
+        def admit_long(self, prompt_len):
+            self._admit(prompt_len)
+
+        def _admit(self, prompt_len):
             self.sched.add(self.next_rid, prompt_len)
             self.next_rid += 1
 
-        @rule(prompt_len=long_prompt_lengths(k))
-        def admit_long(self, prompt_len):
-            self.admit(prompt_len)
-
         def _step(self, kept):
             batch = self.sched.step(kept)
+            see(batch)
             if batch is not None:
                 self.divergence = self.ls.step(batch)
 
@@ -79,35 +109,69 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
         if k:
             @precondition(lambda self: not self.sched.idle())
             @rule(kept=st.lists(st.integers(1, 1 + k), min_size=num_slots, max_size=num_slots))
+            @counted
             def step(self, kept):
                 self._step({rid: kept[i % num_slots] for i, rid in enumerate(self.sched.awaiting())})
         else:
             @precondition(lambda self: not self.sched.idle())
             @rule()
+            @counted
             def step(self):
                 self._step(None)
 
+        # Several steps with nothing between them: a prompt longer than the budget reaches its
+        # later chunks before another rule ends it (one step among seven rules rarely does).
+        @precondition(lambda self: not self.sched.idle())
+        @rule(n=st.integers(2, 5), kept=st.lists(st.integers(1, 1 + k), min_size=num_slots, max_size=num_slots))
+        @counted
+        def steps(self, n, kept):
+            for _ in range(n):
+                if self.divergence is not None or self.sched.idle():
+                    return
+                self._step({rid: kept[i % num_slots] for i, rid in enumerate(self.sched.awaiting())} if k else None)
+
+        # `oldest`: the request in the lowest row, so the next step's requests move down into its
+        # hole (`InputBatch.condense`), which a uniform pick among the running rarely makes.
         @precondition(lambda self: self.sched.running())
-        @rule(data=st.data(), preempt=st.booleans())
-        def finish(self, data, preempt):
-            self.sched.finish(data.draw(st.sampled_from(self.sched.running())), preempt)
+        @rule(data=st.data(), preempt=st.booleans(), oldest=st.booleans())
+        @counted
+        def finish(self, data, preempt, oldest):
+            running = self.sched.running()
+            self.sched.finish(running[0] if oldest else data.draw(st.sampled_from(running)), preempt)
+
+        # Every request ends at once: the rank goes idle right after real steps, where a dummy
+        # step reads what they left (one finish at a time, against several admissions, almost
+        # never empties the rank).
+        @precondition(lambda self: data_parallel and not self.sched.done())
+        @rule()
+        @counted
+        def drain(self):
+            for rid in self.sched.running():
+                self.sched.finish(rid)
+            self.sched.abort_waiting()
 
         @precondition(lambda self: data_parallel and self.sched.idle())
         @rule()
+        @counted
         def dummy_step(self):
-            self.divergence = self.ls.step(self.sched.dummy())
+            batch = self.sched.dummy()
+            see(batch)
+            self.divergence = self.ls.step(batch)
 
         @rule(sizes=st.lists(st.integers(1, 1 << 16), max_size=4))
+        @counted
         def churn_allocator(self, sizes):
             self.churn = [torch.empty(n, dtype=torch.uint8, device=provider.device) for n in sizes]
             del self.churn[: len(sizes) // 2]
 
         @rule(size=st.sampled_from(DEFAULT_SIZES))
+        @counted
         def recapture(self, size):
             self.ls.graph.forget(size)
 
         @precondition(lambda self: provider.supports_streams)
         @rule()
+        @counted
         def consumer_on_side_stream(self):
             self.ls.graph.set_options(side_stream=True, event_wait=True)
 
