@@ -109,11 +109,11 @@ class Sequence:
         return schedule(self, usable_slots)[: self.max_steps]
 
 
-def request_json(r: Request) -> dict:
-    """A request's JSON object: its optional fields only when set."""
+def request_json(r: Request, always=()) -> dict:
+    """A request's JSON object: its optional fields only when set (those in `always` whatever they hold)."""
     d = asdict(r)
     for key, unset in (("accept", None), ("prefix_of", None), ("prefix_len", 0)):
-        if d[key] == unset:
+        if d[key] == unset and key not in always:
             del d[key]
     return d
 
