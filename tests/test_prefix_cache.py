@@ -185,3 +185,24 @@ def test_with_a_block_size_replay_equals_eager_and_the_third_copy_agrees(setup, 
     r = run_case(model, provider, Case("chain", mode, block_size=BS), seq, reference_every=1)
     assert r.steps == 200 and not r.diverged and not r.findings, (r.first_divergence, r.findings)
     assert r.to_json()["block_size"] == BS
+
+
+def test_a_dummy_reads_a_finished_rows_block_only_where_column_0_holds_one():
+    """With a block size a finished request's retired columns are the null block: an idle rank's dummy
+    run (which reads column 0) reaches the stale-row trigger only through a row that still holds one."""
+    from repro.job.triggers import _finished_row
+    short = [Request(0, 3, 1)]  # never leaves column 0
+    long = [Request(0, 9, 1)]  # its column 0 is retired
+    fin = StepBatch([], [], [], [], [], dummy=True)
+    for reqs, expect in ((short, True), (long, False)):
+        steps = Sequence(reqs, block_size=BS).batches()
+        fin.finished = [0]
+        assert _finished_row(steps + [fin]) is expect
+
+
+def test_run_with_a_block_size_exits_0_on_the_default_plan(capsys, tiny_path):
+    """`repro run --block-size 4`: every case at K = 0 with prefix caching, each live hazard found."""
+    from repro.cli import main
+    rc = main(["run", "--model", tiny_path, "--device", "cpu", "--block-size", str(BS), "--steps", "40",
+               "--mode", "full"])
+    assert rc == 0, capsys.readouterr()
