@@ -143,6 +143,7 @@ class BenchConfig:
     reference_every: tuple[int, ...] | None = None
     stack: str = "fixed"  # --hunt-rates: the only profile its blind hunts search ("fixed": each hazard's own)
     spec_tokens: int | None = None  # --hunt-rates: the drafts a decode of every hunt (None: each hazard's own K)
+    block_size: int | None = None  # --hunt-rates: prefix caching's block size in every hunt (None: mode "none")
     hunt_rates: bool = False
     cache: Path | None = None  # None: `io.cache_dir`'s default
 
@@ -169,6 +170,8 @@ def command_line(a: BenchConfig) -> str:
             parts += ["--stack", a.stack]
         if a.spec_tokens is not None:
             parts += ["--spec-tokens", str(a.spec_tokens)]
+        if getattr(a, "block_size", None) is not None:
+            parts += ["--block-size", str(a.block_size)]
     return " ".join(parts)
 
 
@@ -183,6 +186,8 @@ def bench_command(a: BenchConfig) -> int:
         raise BadInput("--stack: only with --hunt-rates (the replay and lockstep rows run the fixed stack)")
     if a.spec_tokens is not None and not (a.hunt_rates or a.lockstep_rates):
         raise BadInput("--spec-tokens: only with --hunt-rates or --lockstep-rates (the replay rows run at K=0)")
+    if a.block_size is not None and not a.hunt_rates:
+        raise BadInput("--block-size: only with --hunt-rates (the replay and lockstep rows run without prefix caching)")
     if a.hunt_rates and a.hunt_examples < 1:
         raise BadInput("--hunt-examples 0: each --hunt-rates hunt needs at least one sequence")
     if a.plot:
@@ -211,7 +216,7 @@ def _bench(a: BenchConfig, batches) -> int:
         if log:
             log(f"hunt rates: each record hazard told and blind, at most {a.hunt_examples} sequences a hunt")
         rates = hunt_rates(str(path), a.device, a.hunt_examples, a.stack, a.spec_tokens, provider.supports_streams,
-                           quiet=a.quiet, log=log, cache=a.cache)
+                           quiet=a.quiet, log=log, cache=a.cache, block_size=a.block_size)
         print(format_hunt_rates(rates))
     if a.json:
         doc = res.to_json()

@@ -10,6 +10,10 @@
    replays graph 0 (submod0) and graph 1 (submod1) with the GDN core eager between them on the
    step's metadata; NONE runs the chain eagerly at the step's own size.
 
+With prefix caching's block size, each copy first copies a request's state forward where its running
+column moved (`control.prefix.forward_copies`, vLLM's `preprocess_mamba`), on the host's stream and
+outside any graph, before step 3's metadata reads the running columns.
+
 A dummy step (an idle data-parallel rank, `_dummy_run(1+k, uniform_decode=True)`) dispatches 1+k
 tokens as a uniform decode; only a FULL dummy run builds metadata and touches state (a PIECEWISE or
 eager one runs without GDN metadata, which the layer treats as a warm-up). Graphs are captured
@@ -29,6 +33,7 @@ from ..control.builder import Common, GDNMetadataBuilder, common_for
 from ..control.dispatch import DEFAULT_SIZES, BatchDescriptor, Dispatcher, uniform_decode
 from ..control.input_batch import InputBatch
 from ..control.modes import GraphMode, Runtime, parse_mode
+from ..control.prefix import copy_states, forward_copies
 from ..errors import ReplayRefused
 from ..graphs.lint import LintSchedule
 from ..islands.gdn import Submod0, Submod1
@@ -42,11 +47,23 @@ from .replay import Replayer
 
 
 def block_rows(batch: StepBatch, width: int, null: int) -> np.ndarray:
-    """Each request's state blocks as block-table rows `width` wide (missing columns: `null`)."""
+    """Each request's state blocks as block-table rows at least `width` wide (missing columns:
+    `null`); as wide as the longest row with a block size."""
+    if batch.block_size is not None:
+        width = max([width] + [len(b) for b in batch.block_rows()])
     rows = np.full((batch.num_reqs, width), null, dtype=np.int32)
     for i, b in enumerate(batch.block_rows()):
         rows[i, :min(width, len(b))] = b[:width]
     return rows
+
+
+def preprocess(copy: LayerCopy, batch: StepBatch) -> list[int]:
+    """The step's forward copies on this copy's state (`control.prefix`; nothing without a block
+    size); returns the accepted counts the metadata then reads."""
+    copies, accepted = forward_copies(batch)
+    if copies:
+        copy_states(copy.cache.conv, copy.cache.ssm, copies)
+    return accepted
 
 
 class EagerRunner:
@@ -57,8 +74,9 @@ class EagerRunner:
         self.copy, self.k = copy, copy.spec_tokens
         self.builder = GDNMetadataBuilder(self.k, 1, copy.device, full_graphs=False, pad=None, rules=rules)
 
-    def meta(self, batch: StepBatch):
-        return self.builder.build(common_for(batch, block_rows(batch, 1 + self.k, self.copy.cache.sentinel)))
+    def meta(self, batch: StepBatch, accepted: list[int] | None = None):
+        return self.builder.build(common_for(batch, block_rows(batch, 1 + self.k, self.copy.cache.sentinel),
+                                             accepted=accepted))
 
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
         if batch.dummy:  # no metadata: the GDN layer treats the call as a warm-up, no state changes
@@ -67,7 +85,8 @@ class EagerRunner:
         c.set_context(batch.num_tokens)
         d = batch.on(c.device)  # from the batch's prepared host buffer: no stream sync
         with torch.inference_mode():
-            o0, core, o1 = c.chain(d.ids, self.meta(batch))
+            accepted = preprocess(c, batch)
+            o0, core, o1 = c.chain(d.ids, self.meta(batch, accepted))
             ids = c.head(hidden=o1["hidden"])["token_ids"]
         return collect(o0, o1, ids, batch.num_tokens, core)
 
@@ -136,9 +155,11 @@ class GraphRunner:
         return None if runtime is Runtime.NONE else desc.num_tokens
 
     def _update_states(self, batch: StepBatch) -> None:
-        self.input_batch.update(list(zip(batch.request_ids, batch.block_rows())))
+        self.input_batch.update(list(zip(batch.request_ids, batch.block_rows())), batch.block_size is not None,
+                                set(batch.finished))
 
-    def _metadata(self, batch: StepBatch, runtime: Runtime, desc: BatchDescriptor):
+    def _metadata(self, batch: StepBatch, runtime: Runtime, desc: BatchDescriptor,
+                  accepted: list[int] | None = None):
         """Commit the block table and build (and, where the builder's rules say, stage) the metadata."""
         ib = self.input_batch
         ib.commit(ib.num_rows)
@@ -146,7 +167,7 @@ class GraphRunner:
         pad_rows = desc.num_reqs - batch.num_reqs if runtime is Runtime.FULL else 0
         blocks = np.concatenate((rows, np.full((pad_rows, rows.shape[1]), self.sentinel, dtype=np.int32)))
         size = desc.num_tokens if runtime is Runtime.FULL else batch.num_tokens
-        return self.builder.build(common_for(batch, blocks, pad_rows, size))
+        return self.builder.build(common_for(batch, blocks, pad_rows, size, accepted))
 
     def _capture_meta(self, desc: BatchDescriptor):
         """`build_for_cudagraph_capture` over all-zero (null) block-table rows, as at capture."""
@@ -188,7 +209,9 @@ class GraphRunner:
         self.inputs.fill(n, size, d.ids, self.opts.pad)
         c.set_context(n)
         cap = self._entry(runtime, desc, batch.step) if runtime is not Runtime.NONE else None
-        meta = self._metadata(batch, runtime, desc)
+        with torch.inference_mode():
+            accepted = preprocess(c, batch)
+        meta = self._metadata(batch, runtime, desc, accepted)
         if cap is None:
             return self._eager_step(batch, meta)
         self.player.begin_step()
@@ -284,7 +307,9 @@ class GraphRunner:
         self.inputs.fill(batch.num_tokens, desc.num_tokens, batch.on(self.copy.device).ids, self.opts.pad)
         self.copy.set_context(batch.num_tokens)
         cap = self._entry(runtime, desc, batch.step)
-        meta = self._metadata(batch, runtime, desc)
+        with torch.inference_mode():
+            accepted = preprocess(self.copy, batch)  # once, as the step would before its replay
+        meta = self._metadata(batch, runtime, desc, accepted)
         if runtime is Runtime.FULL:
             return cap.pieces[0].graph.replay
         c, (g0, g1) = self.copy, cap.pieces

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from .compare import BATCH_VARIANCE, Divergence
-from ..capture.runner import EagerRunner, block_rows
+from ..capture.runner import EagerRunner, block_rows, preprocess
 from ..control.builder import common_for
 from ..control.dispatch import pad_size
 from ..control.modes import Runtime
@@ -60,16 +60,17 @@ class ChainProbe:
         c.set_context(n)
         runtime, desc = r.dispatch(batch)
         with torch.inference_mode():
+            accepted = preprocess(c, batch)  # the step's forward copies, as every copy makes them
             if runtime is Runtime.FULL:
                 pad_rows = desc.num_reqs - batch.num_reqs
                 live = block_rows(batch, 1 + r.k, c.cache.sentinel)
                 blocks = np.concatenate((live, np.full((pad_rows, live.shape[1]), c.cache.sentinel, dtype=np.int32)))
-                meta = self.eager.builder.build(common_for(batch, blocks, pad_rows, size))
+                meta = self.eager.builder.build(common_for(batch, blocks, pad_rows, size, accepted))
                 o0, core, o1 = c.chain(ids, meta)
             else:  # submod0 padded, the splitting op on live rows, submod1 padded unless it runs eagerly
                 o0 = c.submod0(input_ids=ids)
                 r.clear_core_out(o0, size)  # as the runner does: pad rows zero
-                core = c.core(o0, self.eager.meta(batch), n)
+                core = c.core(o0, self.eager.meta(batch, accepted), n)
                 if {"submod1", "moe"} & set(r.opts.eager_families):
                     o1 = c.submod1(core_out=core, z=o0["z"][:n], residual=o0["residual"][:n])
                 else:

@@ -71,6 +71,15 @@ def _spec(s, what: str) -> None:
     s.add_argument("--spec-tokens", type=count(0, 4), default=None, metavar="K", help=what)
 
 
+def _block(s, what: str) -> None:
+    s.add_argument("--block-size", type=count(1, 1024), default=None, metavar="N", help=what)
+
+
+BLOCK_HELP = ("prefix caching of GDN state in blocks of N tokens (vLLM's mamba_cache_mode align, 1..1024): state "
+              "blocks grow with each request, prefill chunks end on block boundaries, a request whose first blocks "
+              "of tokens were cached starts from them (the seeded sequences share prefixes); K = 0 only")
+
+
 def knobs_help() -> str:
     """The hazard and repair names with one line each, from the one table (for `run --help`)."""
     from ..knobs import hazards as hz
@@ -121,6 +130,7 @@ def _run(sub, raw) -> None:
     s.add_argument("--seed", type=int, default=None, help="seed of the request sequence (default 0)")
     _spec(s, "draft tokens a decode carries (speculative decoding; 0..4). Default: the plan's own, K=0 and K=2 "
              "rows, and each hazard's (a hazard of 1+K-token dispatch runs at K=2); given, every case runs at K")
+    _block(s, BLOCK_HELP + " (the plan's K=2 rows are left out)")
     s.add_argument("--sequence", help="replay this request sequence (JSON, e.g. from `repro hunt --save`); "
                    "not with --steps or --seed, which make the seeded sequence")
     s.add_argument("--trace", help="write per-step digests here (JSON lines), streamed into a temporary file "
@@ -156,6 +166,7 @@ def _hunt(sub, raw) -> None:
                    help="ci: 25 derandomised; dev: 150; soak: 5000 (database under $REPRO_CACHE)")
     _spec(s, "draft tokens a decode carries in the sequences drawn (default: the hazards' own, else 0; a blind "
              "hunt, --stack other than fixed and no --hazard, draws K=2)")
+    _block(s, BLOCK_HELP)
     s.add_argument("--save", help="where to save the minimal sequence (default: $REPRO_CACHE/hunts/"
                                   "ISLAND-HAZARD-MODE.json)")
 
@@ -212,6 +223,7 @@ def _bench(sub) -> None:
     _stack(s)
     _spec(s, "with --hunt-rates: the draft tokens a decode carries in every hunt (default: each hazard's own K); "
              "with --lockstep-rates: the chain cases run again at K, beside K=0")
+    _block(s, "with --hunt-rates: " + BLOCK_HELP + " (hazards that need drafts are skipped)")
     s.add_argument("--hunt-rates", action="store_true",
                    help="also: for each bug of the public record, seconds to the first failing sequence and to the "
                         "minimal one, told (--hazard, fixed stack) and blind (no hazard, on the first stack profile "

@@ -32,7 +32,8 @@ class StepBatch:
     The per-request lists beyond the first five are optional, for steps written before they existed
     (a saved sequence, a test): absent, a request without initial state is a whole prompt in one
     chunk (`prompt_lens` = its query length, nothing computed), one with initial state is past its
-    prompt, no request carries draft tokens, and a request's only state block is its slot."""
+    prompt, no request carries draft tokens, and a request's only state block is its slot (no
+    block size: vLLM's mamba cache mode "none")."""
 
     request_ids: list[int]
     slots: list[int]  # each request's running state block (its first block)
@@ -48,6 +49,12 @@ class StepBatch:
     blocks: list[list[int]] | None = None  # the request's state blocks (running first, then K speculative)
     finished: list[int] = field(default_factory=list)  # requests finished or preempted since the last step
     dummy: bool = False  # an idle data-parallel rank's dummy run: no requests
+    # Block-aligned prefix caching (`control.prefix`), set only with a block size: `blocks` rows then
+    # hold every column up to the running one and its K speculative ones (the null block where a
+    # column holds no block), `slots` are the running columns' blocks.
+    block_size: int | None = None  # tokens a state block covers; None: each request holds 1+K blocks
+    state_cols: list[int] | None = None  # each request's running column, (seq_len - 1) // block_size
+    prev_cols: list[int] | None = None  # its running column before this step (-1: nothing computed)
     _host: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -163,4 +170,5 @@ class StepBatch:
 
 
 # The fields a step's JSON carries only when they say something (`StepBatch` docstring).
-OPTIONAL = ("num_computed", "prompt_lens", "draft_lens", "num_accepted", "blocks", "finished", "dummy")
+OPTIONAL = ("num_computed", "prompt_lens", "draft_lens", "num_accepted", "blocks", "finished", "dummy", "block_size",
+            "state_cols", "prev_cols")

@@ -7,7 +7,9 @@
   request's first chunk with no prior state, which is a prefill; vLLM 0.26.0 called every one-token
   row a decode (`split_decodes_and_prefills(m, decode_threshold=1)`);
 - beside spec rows, one-token non-spec rows are prefills (`build`'s spec branch);
-- state indices come from the block table: column 0 for non-spec rows, columns 0..k for spec rows.
+- state indices come from the block table: column 0 for non-spec rows, columns 0..k for spec rows;
+  with a block size (prefix caching, mode "align") the 1+k columns from each row's running column
+  `(seq_len - 1) // block_size` instead (`control.prefix.state_block_columns`).
 
 For FULL graphs (`full_graphs`: the mode has FULL graphs) the builder keeps persistent buffers, each
 sized for the largest decode graph, and refreshes them ONLY in its two decode staging branches
@@ -27,6 +29,7 @@ import torch
 
 from ..knobs.options import ControlRules, FirstChunk
 from .meta import GDNMeta
+from .prefix import state_block_columns
 
 
 @dataclass
@@ -40,6 +43,14 @@ class Common:
     accepted: np.ndarray  # int [rows]: the row's `num_accepted_tokens` (1 for padding)
     blocks: np.ndarray  # int [rows, width]: the committed block-table rows
     num_actual_tokens: int
+    block_size: int | None = None  # prefix caching's block size (None: mode "none", state in column 0)
+
+    def state_blocks(self, k: int) -> np.ndarray:
+        """Each row's 1+k state indices (`mamba_get_block_table_tensor`): the first 1+k columns, or
+        with a block size the 1+k from the running column (`control.prefix.state_block_columns`)."""
+        if self.block_size is None:
+            return self.blocks[:, :1 + k]
+        return state_block_columns(self.blocks, self.num_computed + self.query_lens, 1 + k, self.block_size)
 
 
 def draft_counts(query_lens, drafts, computed, prompts) -> np.ndarray:
@@ -52,17 +63,20 @@ def draft_counts(query_lens, drafts, computed, prompts) -> np.ndarray:
     return np.where((out < 0) & zero_draft, 0, out).astype(np.int32)
 
 
-def common_for(batch, blocks: np.ndarray, pad_rows: int = 0, num_actual_tokens: int | None = None) -> Common:
+def common_for(batch, blocks: np.ndarray, pad_rows: int = 0, num_actual_tokens: int | None = None,
+               accepted: list[int] | None = None) -> Common:
     """The builder's view of one `StepBatch`, with `pad_rows` zero-length rows after its requests
-    (a FULL graph's padded rows); `blocks`: the block-table rows of every row, padding included."""
+    (a FULL graph's padded rows); `blocks`: the block-table rows of every row, padding included;
+    `accepted`: the requests' accepted counts after the forward copies (`prefix.forward_copies`;
+    None: the batch's own)."""
     pad = [0] * pad_rows
     q = np.asarray(batch.query_lens + pad, dtype=np.int32)
     computed = np.asarray(batch.computed() + pad, dtype=np.int32)
     drafts = draft_counts(batch.query_lens, batch.drafts(), batch.computed(), batch.prompts())
     return Common(q, computed, np.asarray(batch.is_prefilling() + [False] * pad_rows, dtype=bool),
                   np.concatenate((drafts, np.full(pad_rows, -1, dtype=np.int32))),
-                  np.asarray(batch.accepted() + [1] * pad_rows, dtype=np.int32), blocks,
-                  batch.num_tokens if num_actual_tokens is None else num_actual_tokens)
+                  np.asarray((batch.accepted() if accepted is None else accepted) + [1] * pad_rows, dtype=np.int32),
+                  blocks, batch.num_tokens if num_actual_tokens is None else num_actual_tokens, batch.block_size)
 
 
 def _qsl(lens) -> np.ndarray:
@@ -126,7 +140,7 @@ class GDNMetadataBuilder:
         while real and c.query_lens[real - 1] == 0:
             real -= 1
         np_ = max(0, real - nd)  # padding rows after a prefill are not prefills
-        idx, qsl = c.blocks[:, 0], _qsl(c.query_lens)
+        idx, qsl = c.state_blocks(0)[:, 0], _qsl(c.query_lens)
         meta = GDNMeta(c.num_actual_tokens, num_decodes=nd, num_prefills=np_,
                        num_decode_tokens=int(c.query_lens[:nd].sum()),
                        num_prefill_tokens=int(c.query_lens[nd:].sum()))
@@ -152,7 +166,8 @@ class GDNMetadataBuilder:
         meta = GDNMeta(c.num_actual_tokens, num_decodes=nd, num_prefills=np_, num_spec_decodes=ns,
                        num_spec_decode_tokens=spec_tokens,
                        num_prefill_tokens=int(q[non].sum()))
-        spec_idx, accepted = c.blocks[spec][:, :1 + self.k], c.accepted[spec]
+        state = c.state_blocks(self.k)
+        spec_idx, accepted = state[spec], c.accepted[spec]
         spec_qsl = _qsl(q[spec])
         if np_ == 0 and nd == 0:
             if self.full_graphs and ns <= self.max_rows and spec_tokens <= self.max_rows * (1 + self.k):
@@ -173,7 +188,7 @@ class GDNMetadataBuilder:
         meta.spec_token_indx = self._t(order[n_non:], torch.long)
         meta.spec_state_indices, meta.spec_query_start_loc = self._t(spec_idx), self._t(spec_qsl)
         meta.num_accepted_tokens = self._t(accepted)
-        meta.non_spec_state_indices = self._t(c.blocks[non][:, 0])
+        meta.non_spec_state_indices = self._t(state[non][:, 0])
         meta.non_spec_query_start_loc = self._t(_qsl(q[non]))
         meta.has_initial_state = self._t(c.num_computed[non] > 0, torch.bool)
         return meta

@@ -8,6 +8,11 @@ rules that clear them are `ControlRules` settings: `BlockTable.clear_row` when a
 (`InputBatch.remove_request`, vLLM #37728) and `BlockTable.move_row` zeroing the row it moved
 (vLLM #49757). The table lives on the host; `commit(n)` copies its first n rows to the copy the
 device reads (`commit_block_table`), whose other rows keep what they held.
+
+With prefix caching's block size (`control.prefix`) a request's row grows with its sequence and
+its retired columns turn null: a request that stays in the batch has its row rewritten in place
+(`BlockTable.append_row` for the new columns), and the table widens when a row needs more columns
+than it has (vLLM sizes it for the longest sequence up front: `max_num_blocks_per_req`).
 """
 from __future__ import annotations
 
@@ -33,12 +38,21 @@ class InputBatch:
         if row is not None and self.rules.clear_finished_row:
             self.table[row] = self.null
 
+    def _fit(self, width: int) -> None:
+        """Widen the table (and its device copy) to `width` columns of the null block."""
+        extra = width - self.table.shape[1]
+        if extra > 0:
+            pad = np.full((len(self.table), extra), self.null, dtype=np.int32)
+            self.table = np.concatenate((self.table, pad), 1)
+            self.committed = np.concatenate((self.committed, pad), 1)
+
     def add(self, rid: int, blocks) -> None:
         """`InputBatch.add_request`: the lowest hole, else a new row at the end (`BlockTable.add_row`)."""
         used = set(self.row_of.values())
         row = next((r for r in range(self.num_rows) if r not in used), self.num_rows)
         if row >= len(self.table):
             raise ValueError(f"no free row: {len(self.table)} rows are in use")
+        self._fit(len(blocks))
         self.table[row, :len(blocks)] = blocks
         self.row_of[rid] = row
         self.num_rows = max(self.num_rows, row + 1)
@@ -60,18 +74,25 @@ class InputBatch:
             live.sort()
         self.num_rows = len(self.row_of)
 
-    def update(self, scheduled) -> None:
+    def update(self, scheduled, grown: bool = False, finished=()) -> None:
         """One step's `_update_states` (`scheduled`: (rid, blocks) of the step's requests): every
         request not scheduled in this step leaves the batch (finished, preempted or waiting: vLLM
         removes unscheduled requests and adds them back when they are scheduled again), a request
         whose blocks changed (resumed after preemption) is added anew, new ones take rows, then
-        `condense`."""
+        `condense`. `grown` (a block size): a request's row grows as it runs, so one that stays has
+        its row rewritten in place, and only one in `finished` (preempted since) is added anew."""
         now = dict(scheduled)
         for rid in [r for r in self.row_of if r not in now]:
             self.remove(rid)
         for rid, blocks in scheduled:
             row = self.row_of.get(rid)
-            if row is not None and list(self.table[row, :len(blocks)]) != list(blocks):
+            if row is not None and grown:
+                if rid in finished:
+                    self.remove(rid)
+                else:
+                    self._fit(len(blocks))
+                    self.table[row, :len(blocks)] = blocks
+            elif row is not None and list(self.table[row, :len(blocks)]) != list(blocks):
                 self.remove(rid)
             if rid not in self.row_of:
                 self.add(rid, blocks)

@@ -43,11 +43,13 @@ def sequence_needs(hazards, spec_tokens: int | None) -> tuple[int, bool]:
 
 
 def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_tokens: int | None = None,
-         stack: str = "fixed") -> list[Case]:
+         stack: str = "fixed", block_size: int | None = None) -> list[Case]:
     """Explicit hazards/repairs -> one case per mode; none -> baseline plus every applicable hazard,
     and the chain's baseline again with K = DEFAULT_SPEC draft tokens a decode in each mode with a
     FULL decode graph. `spec_tokens` given: every case runs at that K. Each hazard case runs the
-    sequence its hazard needs (`sequence_needs`); every case starts from `stack`'s rules."""
+    sequence its hazard needs (`sequence_needs`); every case starts from `stack`'s rules. With a
+    `block_size` (prefix caching, K = 0 only) every case runs with it and the default plan leaves out
+    the rows that need drafts."""
     whole = island in ("all", None)
     islands = (["chain"] if (hazards or repairs) else list(DEFAULT_ISLANDS)) if whole else [island]
     modes = [mode_name(mode)] if mode else list(DEFAULT_MODES)
@@ -55,7 +57,7 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
 
     def case(isl, m, hs=(), rs=(), expect="clean"):
         k, dp = sequence_needs(hs, spec_tokens)
-        return Case(isl, m, tuple(hs), tuple(rs), expect, k, dp, stack)
+        return Case(isl, m, tuple(hs), tuple(rs), expect, k, dp, stack, block_size)
 
     cases: list[Case] = []
     for isl in islands:
@@ -67,13 +69,15 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
                 hz.check(hazards, repairs, m, streams, "chain" if k.runs is Runs.CHAIN else isl)
                 cases.append(case(isl, m, hazards, repairs, hz.expectation(hazards, repairs)))
             else:
-                cases.append(Case(isl, m, spec_tokens=base_k, stack=stack))
+                cases.append(Case(isl, m, spec_tokens=base_k, stack=stack, block_size=block_size))
     if hazards or repairs or not (whole or island == "chain"):
         return cases
-    if spec_tokens is None:
+    if spec_tokens is None and block_size is None:
         cases += [Case("chain", m, spec_tokens=DEFAULT_SPEC, stack=stack) for m in modes if m != "piecewise"]
     for m in modes:
         for h in hz.planted(m, streams):
+            if block_size is not None and sequence_needs((h.name,), spec_tokens)[0]:
+                continue  # prefix caching runs K = 0 only
             cases.append(case("chain", m, (h.name,), (), hz.expectation((h.name,), ())))
             if h.repairs:
                 cases.append(case("chain", m, (h.name,), (h.repairs[0],), "clean"))
@@ -106,9 +110,9 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
             reference_every = min((hz.HAZARDS[h].reference_every for h in case.hazards
                                    if hz.HAZARDS[h].reference_every is not None), default=None)
         every = default_every(provider.device) if reference_every is None else reference_every
-        spec = getattr(seq, "spec_tokens", 0)
-        ref = ReferenceCopy(independent_copy(model, seq.num_slots, copy_sentinel, spec), every) if every > 0 else None
-        res = run_lockstep(lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=copy_sentinel, spec_tokens=spec),
+        spec, slots = getattr(seq, "spec_tokens", 0), seq.copy_slots()  # a block size's pool is larger
+        ref = ReferenceCopy(independent_copy(model, slots, copy_sentinel, spec), every) if every > 0 else None
+        res = run_lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=copy_sentinel, spec_tokens=spec),
                            provider, batches, mode=case.mode, opts=opts, sizes=sizes, trace=trace, progress=progress,
                            max_tokens=seq.max_tokens, reference=ref, max_num_seqs=seq.num_slots)
     findings = [f.to_json() for f in res.findings]
@@ -128,16 +132,25 @@ ACCEPT_CYCLE = 4  # kept counts drawn per request with K > 0, cycled over its sp
 IDLE_PAUSE = (12, 24)  # ticks a data-parallel rank's stream may pause before a request, so it goes idle
 
 
+SHARED_PREFIX = 0.5  # with a block size, this share of requests repeats an earlier one's first prompt tokens
+PREFIX_REACH = 4  # ... one of the last this many requests
+ALIGNED_PROMPTS = 0.5  # with a block size, this share of prompts is m * block_size + 1+K (+-1) tokens long
+
+
 def request_stream(seed: int, max_prompt: int = 8, max_decode: int = 24, spec_tokens: int = 0,
-                   data_parallel: bool = False):
+                   data_parallel: bool = False, block_size: int | None = None):
     """The seed's requests, one after another, each drawn from the same generator in the same
     order and arriving no earlier than the one before: the first k requests of a seed are the
     same whatever k is. With K > 0 each request also draws the kept counts (1..1+K) of its spec
     decodes; with K = 0 nothing more is drawn, so K = 0 streams are the same as without drafts. A
     data-parallel rank's stream pauses before one request in three but the first (IDLE_PAUSE), long enough for
-    its requests to finish, so it runs dummy steps between real ones (an idle rank in vLLM #37728)."""
+    its requests to finish, so it runs dummy steps between real ones (an idle rank in vLLM #37728).
+    With a block size each request then also draws (so streams without one are unchanged) a prompt
+    near a multiple of the block size plus 1+K (ALIGNED_PROMPTS: the short tails a block-aligned
+    split leaves) and a prefix shared with a recent request (SHARED_PREFIX: prefix hits)."""
     rng = random.Random(seed)
     t = 0
+    prompts: list[int] = []
     for rid in itertools.count():
         t += rng.randint(0, ARRIVAL_GAP)
         if data_parallel and rng.random() < 1 / 3 and rid:
@@ -147,17 +160,27 @@ def request_stream(seed: int, max_prompt: int = 8, max_decode: int = 24, spec_to
             prompt = 1 + spec_tokens  # a prompt of a decode's shape: the uniform-decode rule's edge
         preempt = rng.choice([None, None, None, rng.randint(1, 4)])
         accept = [rng.randint(1, 1 + spec_tokens) for _ in range(ACCEPT_CYCLE)] if spec_tokens else None
-        yield Request(rid=rid, prompt_len=prompt, decode_steps=decode, arrive=t, preempt_after=preempt, accept=accept)
+        prefix_of, prefix_len = None, 0
+        if block_size:
+            if rng.random() < ALIGNED_PROMPTS:
+                prompt = max(1, rng.randint(1, 3) * block_size + 1 + spec_tokens + rng.choice((-1, 0, 1)))
+            if rid and rng.random() < SHARED_PREFIX:
+                prefix_of = rng.randint(max(0, rid - PREFIX_REACH), rid - 1)
+                prefix_len = min(prompts[prefix_of], prompt)
+        prompts.append(prompt)
+        yield Request(rid=rid, prompt_len=prompt, decode_steps=decode, arrive=t, preempt_after=preempt, accept=accept,
+                      prefix_of=prefix_of, prefix_len=prefix_len)
 
 
 def case_sequence(case: Case, seed: int, steps: int) -> Sequence:
     """The seeded sequence a case runs: its draft tokens a decode, and an idle data-parallel
     rank's dummy steps when it has them."""
-    return default_sequence(seed, steps, spec_tokens=case.spec_tokens, data_parallel=case.data_parallel)
+    return default_sequence(seed, steps, spec_tokens=case.spec_tokens, data_parallel=case.data_parallel,
+                            block_size=case.block_size)
 
 
 def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512, spec_tokens: int = 0,
-                     data_parallel: bool = False) -> Sequence:
+                     data_parallel: bool = False, block_size: int | None = None) -> Sequence:
     """The seeded sequence's first `steps` scheduler steps: one sequence per seed, cut, so a
     shorter run is the start of a longer one (a divergence at step 12 of a 30-step run is the
     last step of a 13-step run).
@@ -166,10 +189,10 @@ def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512
     steps: a later one arrives no earlier and the scheduler admits in arrival order, so it could
     not have either, and more requests would change nothing before the cut. The requests kept are
     those up to the last one scheduled."""
-    stream = request_stream(seed, spec_tokens=spec_tokens, data_parallel=data_parallel)
+    stream = request_stream(seed, spec_tokens=spec_tokens, data_parallel=data_parallel, block_size=block_size)
     reqs = list(itertools.islice(stream, steps // 2 + 8))
     kw = dict(num_slots=num_slots, vocab=vocab, seed=seed, max_steps=steps, spec_tokens=spec_tokens,
-              data_parallel=data_parallel)
+              data_parallel=data_parallel, block_size=block_size)
     while True:
         seq = Sequence(reqs, **kw)
         batches = seq.batches()

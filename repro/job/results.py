@@ -34,6 +34,7 @@ class Case:
     spec_tokens: int = 0  # draft tokens a decode of its sequence carries
     data_parallel: bool = False  # its sequence has an idle data-parallel rank's dummy steps
     stack: str = "fixed"  # the stack profile its control rules start from (`knobs.stacks`)
+    block_size: int | None = None  # prefix caching's block size (vLLM's mamba cache mode "align"); None: "none"
 
 
 @dataclass
@@ -91,7 +92,7 @@ class CaseResult:
         keys = ("step", "island", "tensor", "row", "request", "slot", "max_abs", "kind", "nonfinite")
         return {"island": self.case.island, "mode": self.case.mode, "hazards": list(self.case.hazards),
                 "repairs": list(self.case.repairs), "spec_tokens": self.case.spec_tokens,
-                "data_parallel": self.case.data_parallel, "stack": self.case.stack,
+                "data_parallel": self.case.data_parallel, "stack": self.case.stack, "block_size": self.case.block_size,
                 "steps": self.steps, "diverged": self.diverged,
                 "first_divergence": None if fd is None else {k: fd[k] for k in keys},
                 "microscope": fd, "findings": self.findings, "expect": self.case.expect,

@@ -23,6 +23,7 @@ from ..model.tiny import default_checkpoint
 from ..progress import for_cases
 from ..report import check_output as check_report_dir
 from ..report import write_report
+from ..scheduler.prefix import NO_SPEC_ALIGN
 from ..scheduler.sequence import Sequence
 from .cases import check_knobs, default_sequence, plan, run_case
 from .results import WIDTH, device_name, exit_code, format_table, verdict
@@ -49,6 +50,7 @@ class RunConfig:
     seed: int | None = None  # None: 0 (given with `sequence`, it is refused)
     stack: str = "fixed"  # the stack profile every case starts from (`knobs.stacks`)
     spec_tokens: int | None = None  # None: the plan's own (K=0 and K=2 rows, each hazard's K); given: every case's
+    block_size: int | None = None  # prefix caching's block size for every case (None: mode "none")
     sentinel: int = 0
     sequence: Path | None = None
     trace: Path | None = None
@@ -92,6 +94,11 @@ def _refuse_ignored(c: RunConfig, comm_run: bool) -> None:
     if c.trace and (comm_run or c.island in TRACELESS):
         island = "forced_comm" if comm_run else c.island
         raise BadInput(f"--trace: island {island} writes no trace lines (only the chain islands do); leave --trace out")
+    if comm_run and c.block_size is not None:
+        raise BadInput(f"--block-size {c.block_size}: island forced_comm holds no GDN state to cache")
+    if c.block_size is not None and c.report:
+        raise BadInput(f"--block-size {c.block_size}: --report's standalone script does not make prefix caching's "
+                       "forward state copies yet (run without --report)")
     if comm_run and c.mode:
         raise BadInput(f"--mode {c.mode}: island forced_comm has no capture mode to choose (its comm mode follows "
                        "the hazards and repairs)")
@@ -119,7 +126,13 @@ def run_command(c: RunConfig) -> int:
 
     seq = Sequence.load(c.sequence) if c.sequence else None
     provider = make_provider(c.device)
-    cases = plan(c.island, c.mode, c.hazards, c.repairs, provider.supports_streams, c.spec_tokens, c.stack)
+    cases = plan(c.island, c.mode, c.hazards, c.repairs, provider.supports_streams, c.spec_tokens, c.stack,
+                 c.block_size)
+    if c.block_size is not None and seq is None:
+        k = max(case.spec_tokens for case in cases)
+        if k:
+            raise BadInput(f"--block-size {c.block_size} with K = {k} draft tokens: prefix caching with drafts "
+                           + NO_SPEC_ALIGN)
     path = c.model or default_checkpoint(c.cache)
     model = Model(path, provider.device, c.layer, island="moe" if c.island == "moe" else "submod0")
     for flag in model.ckpt.stats.flags:  # loadable but suspicious (e.g. zero weight scales)
@@ -129,16 +142,20 @@ def run_command(c: RunConfig) -> int:
         if c.spec_tokens is not None and c.spec_tokens != seq.spec_tokens:
             raise BadInput(f"--spec-tokens {c.spec_tokens}: --sequence {c.sequence} has spec_tokens {seq.spec_tokens} "
                            "(the file gives the drafts; leave --spec-tokens out)")
-        cases = [replace(k, spec_tokens=seq.spec_tokens, data_parallel=seq.data_parallel) for k in cases]
+        if c.block_size is not None and c.block_size != seq.block_size:
+            raise BadInput(f"--block-size {c.block_size}: --sequence {c.sequence} has block_size {seq.block_size} "
+                           "(the file gives the block size; leave --block-size out)")
+        cases = [replace(k, spec_tokens=seq.spec_tokens, data_parallel=seq.data_parallel, block_size=seq.block_size)
+                 for k in cases]
     sequences = {}  # (K, data_parallel) -> the seeded sequence of that shape
 
     def sequence_for(case):
         if seq is not None:
             return seq
-        key = (case.spec_tokens, case.data_parallel)
+        key = (case.spec_tokens, case.data_parallel, case.block_size)
         if key not in sequences:
             sequences[key] = default_sequence(c.seed or 0, c.steps or DEFAULT_STEPS, vocab=model.cfg.vocab_size,
-                                              spec_tokens=key[0], data_parallel=key[1])
+                                              spec_tokens=key[0], data_parallel=key[1], block_size=key[2])
         return sequences[key]
     results = []
     t0 = time.perf_counter()

@@ -76,8 +76,23 @@ def _reached(condition: str, steps, batches) -> bool:
     if condition == "dummy-after-decode":  # the staging a dummy replays without re-staging is a decode's
         return any(b.dummy and any(x.uniform_decode for x in batches[:i]) for i, b, _, _ in steps)
     if condition == "dummy-after-finish":  # the rows a dummy reads are a finished request's
-        return any(b.dummy and any(x.finished for x in batches[:i + 1]) for i, b, _, _ in steps)
+        return any(b.dummy and _finished_row(batches[:i + 1]) for i, b, _, _ in steps)
     raise ValueError(f"unknown trigger condition {condition!r}")
+
+
+def _finished_row(batches) -> bool:
+    """A request finished in these steps, leaving a row a dummy run reads a block from: any row
+    without a block size; with one, a row whose column 0 (what the dummy run's metadata takes) still
+    holds a block, not the null block its retired columns hold (`control.prefix`)."""
+    if not any(x.block_size for x in batches):
+        return any(x.finished for x in batches)
+    low = min(s for x in batches for s in x.slots)  # the lowest real block seen; the null block is below
+    last: dict = {}
+    for x in batches:
+        if any(rid in last and last[rid][0] >= low for rid in x.finished):
+            return True
+        last.update(zip(x.request_ids, x.block_rows()))
+    return False
 
 
 def shown_by_finding(hazards, repairs, findings) -> bool:

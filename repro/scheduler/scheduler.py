@@ -9,6 +9,12 @@ block, then one per draft token; `vllm/model_executor/layers/mamba/abstract.py:
 MambaBase.get_kv_cache_spec`, `num_speculative_blocks`), and freed blocks are reused lowest first,
 so a new request's blocks hold a finished one's state. An idle data-parallel rank runs dummy steps.
 
+With a block size (prefix caching, vLLM's mamba cache mode "align"; `repro/scheduler/prefix.py`) a
+request's blocks instead grow with its sequence: a block for the running column
+`(seq_len - 1) // block_size` when the column moves, the previous one kept for the step that copies
+from it; prefill chunks end on block boundaries except the prompt's last; a filled block is cached
+under its tokens, and a new request whose first i+1 full blocks of tokens are cached starts at
+(i+1)*block_size from that block (its row `[null]*i + [cached]`). At most `max_seqs` requests run.
 `Scheduler` is the one implementation: `schedule(seq)` drives it over a `Sequence`, and the
 Hypothesis state machine (`repro/search/machine.py`) drives it rule by rule."""
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import Mapping
 
 from ..control.batch import StepBatch
 from ..errors import BadInput
+from .prefix import ALIGN_BLOCKS, AlignedBlocks, BlockPool, aligned_chunk, check_block_size
 
 MAX_SPEC_TOKENS = 4
 TICK_LIMIT = 10_000  # ticks past the last arrival: a sequence that has not finished by then never will
@@ -61,6 +68,11 @@ class _Req:
     drafted: set[int] = field(default_factory=set)  # positions whose kept token is an accepted draft
     taken: int = 0  # accept-list values used
     preempted: bool = False
+    # with a block size: column -> block held, the running column of this step and of the last one
+    cols: dict[int, int] = field(default_factory=dict)
+    col: int = 0  # the running column in `blocks` this step (0: mode "none")
+    prev: int = -1  # the running column before this step, as the runner sees it
+    run_col: int = -1  # the running column after its last step (-1: none since admission)
 
     def prefill_len(self) -> int:
         """What an admission must compute: the prompt, or everything kept before a preemption
@@ -69,7 +81,7 @@ class _Req:
         return max(self.prompt_len, self.num_computed)
 
 
-class Scheduler:
+class Scheduler(AlignedBlocks):
     """One FCFS scheduler, a step at a time.
 
     `max_tokens` is the step's token budget (vLLM's max_num_scheduled_tokens); `blocks` the state
@@ -79,9 +91,15 @@ class Scheduler:
     runs dummy steps (`dummy`)."""
 
     def __init__(self, max_tokens: int, blocks, spec_tokens: int = 0, vocab: int = 512, seed: int = 0,
-                 data_parallel: bool = False):
+                 data_parallel: bool = False, block_size: int | None = None, max_seqs: int | None = None,
+                 null: int = 0):
         if not 0 <= spec_tokens <= MAX_SPEC_TOKENS:
             raise BadInput(f"spec_tokens {spec_tokens} must be 0..{MAX_SPEC_TOKENS}")
+        check_block_size(block_size, spec_tokens)
+        self.block_size, self.null = block_size, null
+        self.max_seqs = max_seqs if max_seqs is not None else len(blocks) // (ALIGN_BLOCKS + spec_tokens)
+        self.pool = BlockPool(sorted(blocks)) if block_size else None
+        self._prefix: dict[int, tuple[int, int]] = {}  # rid -> (rid its first tokens repeat, how many)
         if max_tokens < 1 + spec_tokens:
             raise BadInput(f"max_tokens {max_tokens} cannot hold one decode of 1+{spec_tokens} tokens")
         self.max_tokens, self.spec_tokens, self.vocab, self.seed = max_tokens, spec_tokens, vocab, seed
@@ -118,15 +136,31 @@ class Scheduler:
         return not self._running and not any(r.arrive <= self.tick for r in self._waiting)
 
     def owned(self) -> list[int]:
+        if self.block_size:
+            return sorted(b for r in self._running for b in r.cols.values())
         return sorted(b for r in self._running for b in r.blocks)
+
+    @property
+    def prefix_hits(self) -> int:
+        """Requests started from a cached block so far (0 without a block size)."""
+        return self.pool.hits if self.pool is not None else 0
 
     # -- what the caller does -------------------------------------------------------------------
 
     def add(self, rid: int, prompt_len: int, decode_steps: int | None = None, arrive: int | None = None,
-            preempt_after: int | None = None, accept: list[int] | None = None) -> None:
+            preempt_after: int | None = None, accept: list[int] | None = None, prefix_of: int | None = None,
+            prefix_len: int = 0) -> None:
         """Queue a request: schedulable from tick `arrive` (default: now), finished after
         `decode_steps` decode steps (None: when `finish` says), preempted once after
-        `preempt_after` of them; `accept`: the kept counts of its spec decodes, in order, cycled."""
+        `preempt_after` of them; `accept`: the kept counts of its spec decodes, in order, cycled;
+        its first `prefix_len` tokens are those of request `prefix_of` (a shared prefix)."""
+        if prefix_of is not None and prefix_len:
+            src = prefix_of
+            while src != rid and src in self._prefix:
+                src = self._prefix[src][0]
+            if src == rid:
+                raise BadInput(f"request {rid}: prefix_of {prefix_of} leads back to request {rid}")
+            self._prefix[rid] = (prefix_of, prefix_len)
         if prompt_len < 1:
             raise BadInput(f"request {rid}: prompt_len {prompt_len} must be at least 1")
         if any(r.rid == rid for r in self._running + self._waiting):
@@ -176,19 +210,32 @@ class Scheduler:
         for r in self._running:
             if r.num_computed < r.target and budget > 0:
                 n = min(r.target - r.num_computed, budget)
+                if self.block_size:
+                    n = aligned_chunk(r.num_computed, n, r.target, self.block_size, self.max_tokens)
+                    if n == 0:
+                        continue  # clipped to nothing: it waits for a step with more budget
                 rows.append((r, n, False))
                 budget -= n
         for r in list(self._waiting):
-            if r.arrive > t or len(self.free) < 1 + k:
+            if r.arrive > t or (len(self._running) >= self.max_seqs if self.block_size else len(self.free) < 1 + k):
                 continue
-            need = r.prefill_len()
+            hit, block = (self.pool.longest_hit(self._tokens(r, r.prefill_len()), self.block_size)
+                          if self.block_size else (-1, None))
+            start = (hit + 1) * self.block_size if block is not None else 0
+            need = r.prefill_len() - start
             if need <= budget:
                 n = need
             elif need > self.max_tokens and budget > 0:
                 n = budget  # it never fits whole: a first chunk of what is left
             else:
                 break  # it fits a step whole: it waits for one (FCFS)
-            self._admit(r, need)
+            if self.block_size:
+                n = aligned_chunk(start, n, r.prefill_len(), self.block_size, self.max_tokens)
+                if n == 0:
+                    break  # clipped to nothing (`_mamba_block_aligned_split`): it waits (FCFS)
+                self._admit_aligned(r, hit, block)
+            else:
+                self._admit(r, need)
             rows.append((r, n, False))
             budget -= n
         if not rows:
@@ -250,7 +297,12 @@ class Scheduler:
 
     def _release(self, r: _Req, preempt: bool, arrive: int) -> None:
         self._running.remove(r)
-        self.free = sorted(self.free + r.blocks)
+        if self.block_size:
+            for b in r.cols.values():
+                self.pool.release(b)
+            r.cols, r.run_col = {}, -1
+        else:
+            self.free = sorted(self.free + r.blocks)
         r.blocks = []
         self._finished.append(r.rid)
         if preempt:
@@ -258,16 +310,27 @@ class Scheduler:
             self._waiting.append(r)
 
     def _tok(self, r: _Req, pos: int) -> int:
-        return (_draft if pos in r.drafted else _token)(self.seed, r.rid, pos, self.vocab)
+        if pos in r.drafted:
+            return _draft(self.seed, r.rid, pos, self.vocab)
+        rid = r.rid
+        while rid in self._prefix and pos < self._prefix[rid][1]:  # a shared prefix: the other request's token
+            rid = self._prefix[rid][0]
+        return _token(self.seed, rid, pos, self.vocab)
 
     def _emit(self, rows, t: int) -> StepBatch:
-        k = self.spec_tokens
+        k, bs = self.spec_tokens, self.block_size
         ids, slots, qlens, init, toks = [], [], [], [], []
         computed, prompts, drafts, accepted, blocks = [], [], [], [], []
+        for r, q, _ in rows if bs else ():
+            self._place(r, q)
+            if (r.num_computed + q) % bs == 0:  # the step fills its running block: cached for the next steps
+                self.pool.cache(tuple(self._tokens(r, r.num_computed + q)), r.cols[r.col])
+        aligned = dict(block_size=bs, state_cols=[r.col for r, _, _ in rows],
+                       prev_cols=[r.prev for r, _, _ in rows]) if bs else {}
         for r, q, decode in rows:
             c = r.num_computed
             ids.append(r.rid)
-            slots.append(r.blocks[0])
+            slots.append(r.blocks[r.col])
             qlens.append(q)
             init.append(c > 0)
             computed.append(c)
@@ -294,9 +357,12 @@ class Scheduler:
                 r.num_accepted = 1
                 if r.num_computed >= r.target and r.decode_steps == 0:
                     self._release(r, False, t + 1)
+        for r, _, _ in rows if bs else ():
+            if r in self._running:
+                self._retire(r)
         b = StepBatch(ids, slots, qlens, init, toks, step=self.emitted, live_slots=self.owned(),
                       num_computed=computed, prompt_lens=prompts, draft_lens=drafts, num_accepted=accepted,
-                      blocks=blocks, finished=finished)
+                      blocks=blocks, finished=finished, **aligned)
         self.emitted += 1
         return b
 
@@ -310,8 +376,11 @@ def schedule(seq, usable_slots=None) -> list[StepBatch]:
     1..num_slots, the pad sentinel 0's; range(num_slots): the sentinel -1's). With K > 0 every
     request needs 1+K blocks: the pool is num_slots * (1+K) consecutive blocks from the lowest
     usable row."""
-    k = seq.spec_tokens
-    if usable_slots is None:
+    k, bs = seq.spec_tokens, seq.block_size
+    if bs:  # a request slot's blocks are ALIGN_BLOCKS + K, from the lowest usable row; the null block below it
+        first = 1 if usable_slots is None else min(usable_slots)
+        pool = block_pool(seq.num_slots, ALIGN_BLOCKS - 1 + k, first)
+    elif usable_slots is None:
         pool = block_pool(seq.num_slots, k)
     elif k == 0:
         pool = list(usable_slots)
@@ -319,9 +388,10 @@ def schedule(seq, usable_slots=None) -> list[StepBatch]:
         pool = block_pool(seq.num_slots, k, min(usable_slots))
     if seq.tail_dummies and not seq.data_parallel:
         raise BadInput(f"tail_dummies {seq.tail_dummies} needs data_parallel (only an idle data-parallel rank runs one)")
-    sched = Scheduler(seq.max_tokens, pool, k, seq.vocab, seq.seed, seq.data_parallel)
+    sched = Scheduler(seq.max_tokens, pool, k, seq.vocab, seq.seed, seq.data_parallel, bs,
+                      seq.num_slots if bs else None, (min(pool) - 1) if bs else 0)
     for r in sorted(seq.requests, key=lambda r: (r.arrive, r.rid)):
-        sched.add(r.rid, r.prompt_len, r.decode_steps, r.arrive, r.preempt_after, r.accept)
+        sched.add(r.rid, r.prompt_len, r.decode_steps, r.arrive, r.preempt_after, r.accept, r.prefix_of, r.prefix_len)
     limit = TICK_LIMIT + max((r.arrive for r in seq.requests), default=0)
     steps: list[StepBatch] = []
     while not sched.done():
@@ -335,3 +405,4 @@ def schedule(seq, usable_slots=None) -> list[StepBatch]:
             raise BadInput("the sequence does not finish (a request can never be scheduled)")
     steps.extend(sched.dummy() for _ in range(seq.tail_dummies))
     return steps
+

@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 
 from ..errors import BadInput
+from .prefix import ALIGN_BLOCKS, MAX_BLOCK_SIZE, NO_SPEC_ALIGN
 from .scheduler import MAX_SPEC_TOKENS
 
 _REQ = {"rid": (int,), "prompt_len": (int,), "decode_steps": (int,), "arrive": (int,), "preempt_after": (int, None),
-        "accept": (list, None)}
+        "accept": (list, None), "prefix_of": (int, None), "prefix_len": (int,)}
 _STEP = ("step", "request_ids", "slots", "query_lens", "has_initial_state", "token_ids")
 # Per-request lists a step may carry beyond the first five (`StepBatch`), each entry's range as a
 # function of K: num_accepted is 1..1+K, draft_lens 0..K.
 _PER_REQUEST = {"num_computed": lambda k: (0, None), "prompt_lens": lambda k: (1, None),
                 "draft_lens": lambda k: (0, k), "num_accepted": lambda k: (1, 1 + k)}
-_STEP_OPTIONAL = ("live_slots", *_PER_REQUEST, "blocks", "finished", "dummy")
+_STEP_OPTIONAL = ("live_slots", *_PER_REQUEST, "blocks", "finished", "dummy", "block_size", "state_cols", "prev_cols")
 MAX_SLOTS = 4096
 PROMPT_BUDGETS = 64  # a prompt may span this many steps' budgets (chunked prefill)
 
@@ -57,7 +58,7 @@ def check_json(d, source: str = "sequence") -> None:
     if not isinstance(d, dict):
         raise BadInput(f"{source}: expected a JSON object with requests or steps, got {type(d).__name__}")
     known = {"requests", "num_slots", "max_tokens", "vocab", "seed", "steps", "max_steps", "spec_tokens",
-             "data_parallel", "tail_dummies"}
+             "data_parallel", "tail_dummies", "block_size"}
     extra = sorted(set(d) - known)
     if extra:
         raise BadInput(f"{source}: unknown key {extra[0]!r} (known: {', '.join(sorted(known))})")
@@ -70,6 +71,10 @@ def check_json(d, source: str = "sequence") -> None:
     _bool(d.get("data_parallel", False), f"{source}: data_parallel")
     _int(d.get("tail_dummies", 0), f"{source}: tail_dummies", 0, 100_000)
     num_slots, max_tokens, k = d.get("num_slots", 8), d.get("max_tokens", 16), d.get("spec_tokens", 0)
+    bs = d.get("block_size")
+    _int(bs, f"{source}: block_size", 1, MAX_BLOCK_SIZE, none=True)
+    if bs is not None and k:
+        raise BadInput(f"{source}: block_size {bs} with spec_tokens {k}: prefix caching with drafts {NO_SPEC_ALIGN}")
     if max_tokens < 1 + k:
         raise BadInput(f"{source}: max_tokens {max_tokens} cannot hold one decode of 1+spec_tokens = {1 + k} tokens")
     if d.get("tail_dummies", 0) and not d.get("data_parallel", False):
@@ -85,12 +90,38 @@ def check_json(d, source: str = "sequence") -> None:
         if r["rid"] in rids:
             raise BadInput(f"{source}: requests[{i}].rid: {r['rid']} is the rid of an earlier request too")
         rids.add(r["rid"])
+    _check_prefixes(reqs, source)
     for i, s in enumerate(steps):
         src = f"{source}: steps[{i}]"
-        _check_step(s, src, num_slots * (1 + k), max_tokens, d.get("vocab", 512), k)
+        if s.get("block_size") if isinstance(s, dict) else None:
+            if s["block_size"] != bs:
+                raise BadInput(f"{src}.block_size: {json.dumps(s['block_size'])[:40]}, but the sequence's block_size "
+                               f"is {bs}")
+        _check_step(s, src, num_slots * ((ALIGN_BLOCKS if bs else 1) + k), max_tokens, d.get("vocab", 512), k, bs)
         if s["step"] != i:
             raise BadInput(f"{src}.step: {s['step']}, but it is step {i} of the file (steps are numbered 0, 1, 2, ...)")
         _check_request_ids(s["request_ids"], src, rids)
+
+
+def _check_prefixes(reqs: list, source: str) -> None:
+    """Shared prefixes: `prefix_of` names another request, `prefix_len` is at most both prompts, and
+    following prefix_of never comes back to where it started."""
+    by_rid = {r["rid"]: r for r in reqs}
+    for i, r in enumerate(reqs):
+        src, of, n = f"{source}: requests[{i}]", r.get("prefix_of"), r.get("prefix_len", 0)
+        if of is None:
+            if n:
+                raise BadInput(f"{src}.prefix_len: {n} without prefix_of (whose tokens would it repeat?)")
+            continue
+        if of == r["rid"] or of not in by_rid:
+            raise BadInput(f"{src}.prefix_of: {of} is not the rid of another request")
+        _int(n, f"{src}.prefix_len", 1, min(r["prompt_len"], by_rid[of]["prompt_len"]))
+        seen, at = {r["rid"]}, of
+        while by_rid[at].get("prefix_of") is not None and by_rid[at].get("prefix_len", 0):
+            if at in seen:
+                raise BadInput(f"{src}.prefix_of: {of} leads back to request {at} (prefixes form a cycle)")
+            seen.add(at)
+            at = by_rid[at]["prefix_of"]
 
 
 def _check_request_ids(ids: list, src: str, rids: set[int]) -> None:
@@ -118,6 +149,8 @@ def _check_request(r, src: str, max_tokens: int, k: int) -> None:
     _int(r["decode_steps"], f"{src}.decode_steps", 0, 100_000)
     _int(r.get("arrive", 0), f"{src}.arrive", 0, 100_000)
     _int(r.get("preempt_after"), f"{src}.preempt_after", 1, none=True)
+    _int(r.get("prefix_of"), f"{src}.prefix_of", 0, none=True)
+    _int(r.get("prefix_len", 0), f"{src}.prefix_len", 0)
     if r.get("accept") is not None:
         if not _list(r["accept"], f"{src}.accept"):
             raise BadInput(f"{src}.accept: empty (leave it out, or null, to keep every draft)")
@@ -125,8 +158,8 @@ def _check_request(r, src: str, max_tokens: int, k: int) -> None:
             _int(v, f"{src}.accept[{j}]", 1, 1 + k)
 
 
-def _check_step(s, src: str, blocks: int, max_tokens: int, vocab: int, k: int) -> None:
-    """One explicit step; `blocks`: the highest state block (num_slots * (1+K))."""
+def _check_step(s, src: str, blocks: int, max_tokens: int, vocab: int, k: int, bs: int | None = None) -> None:
+    """One explicit step; `blocks`: the highest state block (num_slots * blocks a request slot adds)."""
     if not isinstance(s, dict):
         raise BadInput(f"{src}: expected an object, got {type(s).__name__}")
     for key in _STEP:
@@ -168,10 +201,10 @@ def _check_step(s, src: str, blocks: int, max_tokens: int, vocab: int, k: int) -
         _slot(v, f"{src}.live_slots[{j}]", blocks)
     for j, v in enumerate(_list(s.get("finished", []), f"{src}.finished")):
         _int(v, f"{src}.finished[{j}]", 0)
-    _check_request_lists(s, src, n, blocks, k)
+    _check_request_lists(s, src, n, blocks, k, bs)
 
 
-def _check_request_lists(s: dict, src: str, n: int, blocks: int, k: int) -> None:
+def _check_request_lists(s: dict, src: str, n: int, blocks: int, k: int, bs: int | None = None) -> None:
     """The optional per-request lists: one entry a request, in range, and agreeing with the first
     five (has_initial_state is num_computed > 0; a row's drafts end its query; its first block is
     its slot; no block held by two requests)."""
@@ -196,6 +229,9 @@ def _check_request_lists(s: dict, src: str, n: int, blocks: int, k: int) -> None
     rows = _list(s["blocks"], f"{src}.blocks")
     if len(rows) != n:
         raise BadInput(f"{src}.blocks: {len(rows)} entries, but request_ids has {n}")
+    if bs is not None:
+        _check_aligned_rows(s, src, rows, n, blocks, k, bs)
+        return
     for j, row in enumerate(rows):
         if len(_list(row, f"{src}.blocks[{j}]")) != 1 + k:
             raise BadInput(f"{src}.blocks[{j}]: {len(row)} blocks, but a request holds 1+spec_tokens = {1 + k}")
@@ -207,3 +243,33 @@ def _check_request_lists(s: dict, src: str, n: int, blocks: int, k: int) -> None
     held = [v for row in rows for v in row]
     if len(set(held)) != len(held):
         raise BadInput(f"{src}.blocks: block {next(x for x in held if held.count(x) > 1)} held by two requests")
+
+
+def _check_aligned_rows(s: dict, src: str, rows: list, n: int, blocks: int, k: int, bs: int) -> None:
+    """A step's rows with a block size: each running column is (seq_len - 1) // block_size, its
+    previous one -1 or before it, its row ends with the running column and K more, its slot is the
+    running column's block, and no block one request writes (running or speculative) is held by another."""
+    for key in ("state_cols", "prev_cols"):
+        if len(_list(s.get(key), f"{src}.{key}")) != n:
+            raise BadInput(f"{src}.{key}: {len(s[key])} entries, but request_ids has {n}")
+    written = []
+    for j, row in enumerate(rows):
+        col, prev = s["state_cols"][j], s["prev_cols"][j]
+        _int(col, f"{src}.state_cols[{j}]", 0)
+        _int(prev, f"{src}.prev_cols[{j}]", -1, col)
+        if "num_computed" in s and col != (s["num_computed"][j] + s["query_lens"][j] - 1) // bs:
+            raise BadInput(f"{src}.state_cols[{j}]: {col}, but (num_computed + query_len - 1) // block_size is "
+                           f"{(s['num_computed'][j] + s['query_lens'][j] - 1) // bs}")
+        if len(_list(row, f"{src}.blocks[{j}]")) != col + 1 + k:
+            raise BadInput(f"{src}.blocks[{j}]: {len(row)} blocks, but its running column {col} and {k} after it "
+                           f"make {col + 1 + k}")
+        for m, v in enumerate(row):
+            _int(v, f"{src}.blocks[{j}][{m}]", -1, blocks)
+        if row[col] != s["slots"][j]:
+            raise BadInput(f"{src}.blocks[{j}]: column {col} is {row[col]}, but slots[{j}] is {s['slots'][j]} "
+                           "(a request's slot is its running column's block)")
+        written += row[col:]
+    held = {v for j, row in enumerate(rows) for m, v in enumerate(row) if m < s["state_cols"][j]}
+    dup = next((v for v in written if written.count(v) > 1 or v in held), None)
+    if dup is not None:
+        raise BadInput(f"{src}.blocks: block {dup} is written by one request and held by another")

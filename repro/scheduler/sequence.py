@@ -12,6 +12,7 @@ from ..control.batch import OPTIONAL, StepBatch
 from ..errors import BadInput
 from ..io import read_json
 from .schema import check_json
+from .prefix import ALIGN_BLOCKS
 from .scheduler import schedule
 
 
@@ -23,9 +24,12 @@ class Request:
     arrive: int = 0  # first step it may be scheduled
     preempt_after: int | None = None  # preempted after this many decode steps, then recomputed
     accept: list[int] | None = None  # kept count (1..1+K) of each spec decode, in order, cycled; None: all
+    prefix_of: int | None = None  # its first prefix_len prompt tokens are request prefix_of's (a shared prefix)
+    prefix_len: int = 0
 
 
-_SEQ_KEYS = ("num_slots", "max_tokens", "vocab", "seed", "max_steps", "spec_tokens", "data_parallel", "tail_dummies")
+_SEQ_KEYS = ("num_slots", "max_tokens", "vocab", "seed", "max_steps", "spec_tokens", "data_parallel", "tail_dummies",
+             "block_size")
 
 
 @dataclass
@@ -40,15 +44,21 @@ class Sequence:
     spec_tokens: int = 0  # K: draft tokens of each decode (0..4)
     data_parallel: bool = False  # one rank of several: it runs a dummy step on each idle tick
     tail_dummies: int = 0  # dummy steps after the last request finishes (data_parallel)
+    block_size: int | None = None  # prefix caching's block size (vLLM's mamba cache mode "align"); None: "none"
 
     def blocks_per_request(self) -> int:
-        return 1 + self.spec_tokens
+        """State blocks a request slot adds to the pool: 1+K, or with a block size ALIGN_BLOCKS + K."""
+        return (ALIGN_BLOCKS if self.block_size else 1) + self.spec_tokens
+
+    def copy_slots(self) -> int:
+        """The `num_slots` a layer copy's state cache is built with (it holds num_slots * (1+K) blocks)."""
+        return self.num_slots * self.blocks_per_request() // (1 + self.spec_tokens)
 
     def to_json(self) -> dict:
         d = asdict(self)
-        for r in d["requests"]:
-            if r["accept"] is None:
-                del r["accept"]
+        if d["block_size"] is None:
+            del d["block_size"]
+        d["requests"] = [request_json(r) for r in self.requests]
         d["steps"] = [b.to_json() for b in self.batches()]
         return d
 
@@ -78,7 +88,8 @@ class Sequence:
         lo, hi = (1, n) if sentinel == 0 else (0, n - 1)
         for b in self.steps:
             for key, vals in (("slots", b["slots"]), ("blocks", [x for row in b.get("blocks") or [] for x in row])):
-                bad = [x for x in vals if not lo <= x <= hi]
+                # with a block size a row's empty columns hold the null block, the one below the lowest
+                bad = [x for x in vals if not lo <= x <= hi and not (key == "blocks" and self.block_size and x == lo - 1)]
                 if bad:
                     raise BadInput(f"{source}: steps[{b['step']}].{key}: {bad[0]} is out of range {lo}..{hi} "
                                    f"(num_slots {self.num_slots}, spec_tokens {self.spec_tokens}, "
@@ -96,6 +107,15 @@ class Sequence:
                               **{k: s[k] for k in OPTIONAL if k in s})
                     for s in self.steps]
         return schedule(self, usable_slots)[: self.max_steps]
+
+
+def request_json(r: Request, always=()) -> dict:
+    """A request's JSON object: its optional fields only when set (those in `always` whatever they hold)."""
+    d = asdict(r)
+    for key, unset in (("accept", None), ("prefix_of", None), ("prefix_len", 0)):
+        if d[key] == unset and key not in always:
+            del d[key]
+    return d
 
 
 def _owned(step: dict) -> list[int]:

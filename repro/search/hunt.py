@@ -6,6 +6,7 @@ under the cache directory (`repro.io.cache_dir`), never in the working directory
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import shlex
 import sys
@@ -29,9 +30,11 @@ from ..model.tiny import default_checkpoint
 from ..progress import for_cases
 from ..report import check_output as check_report_dir
 from ..report import write_report
-from ..scheduler.sequence import Sequence
+from ..scheduler.prefix import NO_SPEC_ALIGN
+from ..scheduler.sequence import Sequence, request_json
 from .blind import blame_json, blame_lines, blame_minimal, failure, hunt_mode, is_blind, sequence_shape
-from .strategies import sequences, size_of, space_for
+from .strategies import sequences as sequence_strategy
+from .strategies import size_of, space_for
 
 PROFILES = ("ci", "dev", "soak")
 DEFAULT_MAX_EXAMPLES = 60  # without --profile and without --max-examples
@@ -104,10 +107,11 @@ class Budget:
 
 def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab: int = 512, num_slots: int = 4,
          max_requests: int = 5, max_tokens: int = 8, max_prompt: int | None = None, cache=None, progress=None,
-         spec_tokens: int = 0, data_parallel: bool = False):
+         spec_tokens: int = 0, data_parallel: bool = False, block_size: int | None = None):
     """Search sequences for one where `check(seq)` returns a divergence; return the shrunk
     (sequence, divergence) or (None, None). The sequences carry `spec_tokens` drafts a decode and,
-    with `data_parallel`, an idle rank's dummy steps. At most `max_examples` sequences run, the search and
+    with `data_parallel`, an idle rank's dummy steps; with `block_size`, prefix caching and shared
+    prefixes. At most `max_examples` sequences run, the search and
     the shrinking together (`Budget`); None: the profile's own count (so `--profile soak` means
     5000), or DEFAULT_MAX_EXAMPLES without a profile. `progress(budget)` after each sequence run.
     Raises FlakyHunt when a failure does not reproduce (nondeterminism is itself worth
@@ -119,6 +123,8 @@ def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab
     else:
         base = settings(database=database(cache))
     budget = Budget(check, example_count(max_examples, profile), progress)
+    # a derandomised search's seed is the source of the function it runs: kept as before block sizes
+    sequences = functools.partial(sequence_strategy, block_size=block_size)
 
     @settings(base, max_examples=budget.total, deadline=None, suppress_health_check=list(HealthCheck),
               phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
@@ -151,6 +157,11 @@ def merge_pass(seq: Sequence, div, check):
             keep, drop = reqs[i], reqs[j]
             keep.prompt_len = min(seq.max_tokens, keep.prompt_len + drop.prompt_len)
             keep.decode_steps = max(keep.decode_steps, drop.decode_steps)
+            by_rid = {r.rid: r for r in reqs if r is not drop}
+            for r in reqs:  # a prefix of the dropped request's is no prefix any more; none outgrows a prompt
+                if r.prefix_of is not None:
+                    n = min(r.prefix_len, r.prompt_len, by_rid[r.prefix_of].prompt_len) if r.prefix_of in by_rid else 0
+                    r.prefix_of, r.prefix_len = (r.prefix_of, n) if n else (None, 0)
             cand = dataclasses.replace(seq, requests=[r for k, r in enumerate(reqs) if k != j])
             d = check(cand)
             if d is not None and size_of(cand) <= size_of(seq):
@@ -173,6 +184,7 @@ class HuntConfig:
     stack: str = "fixed"  # the stack profile searched (`knobs.stacks`); with no hazard, a blind hunt of it
     spec_tokens: int | None = None  # None: the hazards' own K, else 0 (a blind hunt: `blind.BLIND_SPEC`)
     data_parallel: bool | None = None  # dummy steps in the sequences; None: when a hazard needs them
+    block_size: int | None = None  # prefix caching's block size in the sequences (K = 0 only); None: mode "none"
     sentinel: int = 0
     max_examples: int | None = None
     profile: str | None = None
@@ -299,6 +311,9 @@ def _check(o: HuntConfig) -> tuple[str, Path]:
     if o.island == "forced_comm":
         raise BadInput("hunt does not search forced_comm (it runs on several ranks): use "
                        "`repro run --island forced_comm --tp N`")
+    if o.block_size is not None and o.report:
+        raise BadInput(f"--block-size {o.block_size}: --report's standalone script does not make prefix caching's "
+                       "forward state copies yet (hunt without --report)")
     if o.force and not o.report:
         raise BadInput("--force: only with --report (it lets a report replace what repro wrote in DIR before)")
     mode = hunt_mode(o, default_mode(o.hazards))
@@ -321,7 +336,11 @@ def _hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None]:
     checkpoint = Path(o.model) if o.model else default_checkpoint(o.cache)
     model = Model(checkpoint, provider.device, o.layer, island="moe" if o.island == "moe" else "submod0")
     k, dp = sequence_shape(o)
-    case = Case(o.island, mode, tuple(o.hazards), tuple(o.repairs), spec_tokens=k, data_parallel=dp, stack=o.stack)
+    if o.block_size is not None and k:
+        raise BadInput(f"--block-size {o.block_size} with K = {k} draft tokens: prefix caching with drafts "
+                       + NO_SPEC_ALIGN)
+    case = Case(o.island, mode, tuple(o.hazards), tuple(o.repairs), spec_tokens=k, data_parallel=dp, stack=o.stack,
+                block_size=o.block_size)
 
     def check(seq):
         return failure(run_case(model, provider, case, seq, sentinel=o.sentinel))
@@ -339,7 +358,7 @@ def _hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None]:
         progress(b)
     try:
         seq, div = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, cache=o.cache, progress=shown,
-                        spec_tokens=k, data_parallel=dp, **space_for(DEFAULT_SIZES))
+                        spec_tokens=k, data_parallel=dp, block_size=o.block_size, **space_for(DEFAULT_SIZES))
     finally:
         progress.end(seen[0] if seen else None)
     clock["examples"] = seen[0].spent if seen else 0
@@ -349,9 +368,10 @@ def _hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None]:
         return 0, None
     clock["minimal_s"] = round(time.perf_counter() - t0, 2)
     eff = kernel_sentinel(o.hazards, o.sentinel)
-    minimal = {"requests": [dataclasses.asdict(r) for r in seq.requests], "num_slots": seq.num_slots,
+    minimal = {"requests": [request_json(r, ("accept",)) for r in seq.requests], "num_slots": seq.num_slots,
                "max_tokens": seq.max_tokens, "vocab": seq.vocab, "seed": seq.seed, "spec_tokens": seq.spec_tokens,
                "data_parallel": seq.data_parallel, "tail_dummies": seq.tail_dummies,
+               **({"block_size": seq.block_size} if seq.block_size else {}),
                "steps": [b.to_json() for b in seq.batches(None if eff == 0 else range(seq.num_slots))]}
     minimal = cut_after(minimal, div.step)
     cut = Sequence.from_json(minimal)

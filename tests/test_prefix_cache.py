@@ -1,0 +1,208 @@
+"""Block-aligned prefix caching of GDN state (vLLM's mamba_cache_mode "align", `--block-size N`):
+each rule as vLLM 0.33.0's source states it, then the property that matters: with a block size,
+replay equals eager bit for bit and the third copy agrees, over hundreds of steps in which prefix
+hits occur."""
+import numpy as np
+import pytest
+import torch
+
+from repro.control.batch import StepBatch
+from repro.control.builder import Common, GDNMetadataBuilder
+from repro.control.prefix import copy_states, forward_copies, running_column, state_block_columns
+from repro.errors import BadInput
+from repro.graphs import make_provider
+from repro.islands import Model
+from repro.job.cases import Case, default_sequence, run_case
+from repro.scheduler.prefix import BlockPool, aligned_chunk
+from repro.scheduler.sequence import Request, Sequence
+from repro.capture.runner import EagerRunner
+from tests.refusals import refused
+
+BS = 4
+
+
+def prefix_hits(batches) -> int:
+    """Rows that start a request (new, or back after a preemption) with tokens already computed:
+    only a prefix hit does that."""
+    hits, active = 0, set()
+    for b in batches:
+        active -= set(b.finished)
+        for j, rid in enumerate(b.request_ids):
+            if rid not in active and b.num_computed[j] > 0:
+                hits += 1
+            active.add(rid)
+    return hits
+
+
+# -- the rules, as vLLM states them -----------------------------------------------------------------
+
+def test_running_column_is_seq_len_minus_one_over_the_block_size():
+    """preprocess_mamba: curr = cdiv(num_computed + num_scheduled, block_size) - 1."""
+    for s in range(1, 40):
+        assert running_column(s, BS) == (s - 1) // BS
+    assert running_column(0, BS) == -1  # a new request's previous column
+    seq = default_sequence(3, 80, block_size=BS)
+    for b in seq.batches():
+        for c, q, col, row, slot in zip(b.num_computed, b.query_lens, b.state_cols, b.blocks, b.slots):
+            assert col == (c + q - 1) // BS and len(row) == col + 1 and row[col] == slot
+
+
+def test_the_forward_copy_across_a_block_boundary():
+    """conv from block[prev] at offset accepted-1, SSM from block[prev + accepted - 1], into block[curr];
+    the accepted count becomes 1; nothing where the column stays or nothing was computed."""
+    b = StepBatch([1, 2, 3], [6, 5, 9], [1, 1, 4], [True, True, False], [0] * 6, num_computed=[8, 5, 0],
+                  prompt_lens=[4, 4, 4], num_accepted=[3, 1, 1], blocks=[[0, 4, 6, 8, 7], [0, 5], [9]],
+                  block_size=BS, state_cols=[2, 1, 0], prev_cols=[1, 1, -1])
+    copies, accepted = forward_copies(b)
+    assert [(c.dst, c.conv_src, c.conv_offset, c.ssm_src) for c in copies] == [(6, 4, 2, 8)]
+    assert accepted == [1, 1, 1]
+    conv = torch.arange(10 * 2 * 5, dtype=torch.float32).reshape(10, 2, 5)
+    ssm = torch.arange(10 * 3, dtype=torch.float32).reshape(10, 3)
+    before = conv.clone()
+    copy_states(conv, ssm, copies)
+    assert torch.equal(conv[6, :, :3], before[4, :, 2:]) and torch.equal(ssm[6], ssm[8])
+    assert torch.equal(conv[4], before[4])  # the source is read, not moved
+    none = StepBatch([1], [1], [1], [True], [0], num_computed=[3], prompt_lens=[1])
+    assert forward_copies(none) == ([], [1])  # no block size: mode "none", no copy
+
+
+def test_a_mid_prompt_chunk_is_floored_to_a_block_boundary_the_last_chunk_exempt():
+    """_mamba_block_aligned_split: end < prefill_end floors to a boundary; the prompt's last chunk keeps
+    its end; a chunk clipped to nothing waits unless the block is wider than the budget."""
+    assert aligned_chunk(0, 10, 20, BS, 16) == 8  # a first chunk ending mid-block
+    assert aligned_chunk(16, 4, 20, BS, 16) == 4  # the last chunk: 16..20, exempt
+    assert aligned_chunk(16, 3, 19, BS, 16) == 3  # exempt though 19 is no boundary
+    assert aligned_chunk(9, 2, 20, BS, 16) == 0  # would end at 11: floored to 8 < start
+    assert aligned_chunk(0, 16, 100, 32, 16) == 16  # a block wider than the budget advances within it
+    assert aligned_chunk(16, 16, 100, 32, 16) == 16  # ... and stops at its boundary (32)
+    assert aligned_chunk(20, 5, 21, BS, 16) == 5 and aligned_chunk(30, 1, 20, BS, 16) == 1  # the last; a decode
+    assert aligned_chunk(0, 10, 10, BS, 16) == 8  # one chunk would skip the last boundary before the end
+    # the scheduler's chunks of a prompt longer than the budget end on boundaries, but the last
+    seq = Sequence([Request(0, 37, 1)], max_tokens=10, block_size=BS)
+    ends = [c + q for b in seq.batches() for c, q in zip(b.num_computed, b.query_lens)]
+    assert ends[:-2] and all(e % BS == 0 for e in ends[:-2]) and ends[-2] == 37
+
+
+def test_a_prefix_hit_starts_at_its_blocks_from_the_cached_block():
+    """find_longest_cache_hit: the last cached block i of the request's tokens, [null]*i + [cached],
+    (i+1)*block_size tokens computed; then the copy moves it to the running column."""
+    reqs = [Request(0, 13, 2), Request(1, 15, 2, arrive=8, prefix_of=0, prefix_len=13)]
+    bs = Sequence(reqs, num_slots=2, block_size=BS).batches()
+    filled = next(b for b in bs if 0 in b.request_ids and b.num_computed[0] + b.query_lens[0] == 12)
+    cached = filled.slots[0]  # request 0's block holding its state after 12 tokens
+    first = next(b for b in bs if 1 in b.request_ids)
+    j = first.request_ids.index(1)
+    assert first.num_computed[j] == 12 and first.prev_cols[j] == 2 and first.state_cols[j] == 3
+    assert first.blocks[j][:3] == [0, 0, cached] and first.has_initial_state[j]
+    assert prefix_hits(bs) == 1
+    pool = BlockPool([1, 2, 3])
+    pool.cache(tuple(range(8)), 2)
+    assert pool.longest_hit(list(range(9)), BS) == (1, 2)
+    assert pool.longest_hit(list(range(8)), BS) == (0, None) or pool.longest_hit(list(range(8)), BS)[1] is None
+
+
+def test_the_builder_gathers_1_plus_k_columns_from_the_running_column():
+    """mamba_get_block_table_tensor ("align"): columns (seq_len-1)//block_size .. +K, clamped at 0."""
+    blocks = np.array([[0, 3, 4, 5, 6, 0], [7, 8, 9, 0, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=np.int32)
+    seq_lens = np.array([6, 1, 0])
+    assert state_block_columns(blocks, seq_lens, 3, BS).tolist() == [[3, 4, 5], [7, 8, 9], [0, 0, 0]]
+    q = np.array([3, 3, 0], dtype=np.int32)
+    c = Common(q, seq_lens - q.clip(max=seq_lens), np.zeros(3, bool), np.array([2, 2, -1], np.int32),
+               np.array([1, 2, 1], np.int32), blocks, 6, BS)
+    meta = GDNMetadataBuilder(2, 4, "cpu", full_graphs=False, pad=0).build(c)
+    assert meta.spec_state_indices.tolist() == [[3, 4, 5], [7, 8, 9]]
+    c0 = Common(np.array([1], np.int32), np.array([4], np.int32), np.zeros(1, bool), np.array([-1], np.int32),
+                np.ones(1, np.int32), blocks[:1], 1, BS)
+    assert GDNMetadataBuilder(0, 4, "cpu", full_graphs=False, pad=0).build(c0).non_spec_state_indices.tolist() == [3]
+
+
+def test_refusals_name_the_field():
+    with pytest.raises(BadInput, match=r"requests\[1\].prefix_of"):
+        Sequence.from_json({"requests": [{"rid": 0, "prompt_len": 4, "decode_steps": 1},
+                                         {"rid": 1, "prompt_len": 4, "decode_steps": 1, "prefix_of": 5, "prefix_len": 2}]})
+    with pytest.raises(BadInput, match=r"requests\[0\].prefix_len"):
+        Sequence.from_json({"requests": [{"rid": 0, "prompt_len": 4, "decode_steps": 1, "prefix_len": 2}]})
+    with pytest.raises(BadInput, match="block_size 4 with spec_tokens 2"):
+        Sequence.from_json({"requests": [{"rid": 0, "prompt_len": 4, "decode_steps": 1}], "block_size": 4,
+                            "spec_tokens": 2})
+    with pytest.raises(BadInput, match="block_size: 0 is out of range"):
+        Sequence.from_json({"requests": [{"rid": 0, "prompt_len": 4, "decode_steps": 1}], "block_size": 0})
+
+
+def test_a_sequence_with_a_block_size_round_trips_and_one_without_writes_no_new_key():
+    seq = default_sequence(1, 60, block_size=BS)
+    again = Sequence.from_json(seq.to_json())
+    assert [b.to_json() for b in again.batches()] == [b.to_json() for b in seq.batches()]
+    plain = default_sequence(1, 60).to_json()
+    keys = {k for s in plain["steps"] for k in s} | {k for r in plain["requests"] for k in r} | set(plain)
+    assert not keys & {"block_size", "state_cols", "prev_cols", "prefix_of", "prefix_len"}
+
+
+def test_the_cli_refuses_a_bad_block_size(capsys):
+    refused(capsys, ["run", "--block-size", "0", "--device", "cpu"], "--block-size")
+    refused(capsys, ["run", "--block-size", "4", "--spec-tokens", "2", "--device", "cpu", "--steps", "2"],
+            "--block-size 4", "postprocess_mamba_align_gpu")
+    refused(capsys, ["bench", "--block-size", "4", "--device", "cpu"], "--block-size", "--hunt-rates")
+
+
+# -- the copies: a hit's state is the state its prefix computed, and replay equals eager ----------
+
+@pytest.fixture(scope="module")
+def setup(tiny_path, device):
+    provider = make_provider(device)
+    return Model(tiny_path, provider.device), provider
+
+
+def test_a_hit_continues_from_the_state_its_prefix_computed(setup):
+    """Request 1 repeats request 0's 13 prompt tokens and hits its block of 12; after its first step
+    its running block holds what computing its whole prompt from nothing gives (up to rounding)."""
+    model, _ = setup
+    reqs = [Request(0, 13, 1), Request(1, 15, 1, arrive=8, prefix_of=0, prefix_len=13)]
+    aligned = Sequence(reqs, num_slots=2, block_size=BS)
+    plain = Sequence(reqs, num_slots=2)
+    states = []
+    for seq in (aligned, plain):
+        copy = model.copy(num_slots=seq.copy_slots())
+        runner = EagerRunner(copy)
+        for b in seq.batches():
+            runner.step(b)
+            if 1 in b.request_ids and b.num_computed[b.request_ids.index(1)] + b.query_lens[0] >= 15:
+                slot = b.slots[b.request_ids.index(1)]
+                states.append((copy.cache.ssm[slot].clone(), copy.cache.conv[slot].clone()))
+                break
+    (ssm_a, conv_a), (ssm_p, conv_p) = states
+    assert torch.allclose(ssm_a, ssm_p, rtol=1e-2, atol=1e-3) and torch.allclose(conv_a.float(), conv_p.float())
+    assert prefix_hits(aligned.batches()) == 1
+
+
+@pytest.mark.parametrize("mode", ["piecewise", "full_and_piecewise"])
+def test_with_a_block_size_replay_equals_eager_and_the_third_copy_agrees(setup, mode):
+    model, provider = setup
+    seq = default_sequence(0, 200, block_size=BS)
+    batches = seq.batches()
+    assert len(batches) == 200 and prefix_hits(batches) > 0
+    assert any(p != c for b in batches for p, c in zip(b.prev_cols, b.state_cols) if p >= 0)  # copies happen
+    r = run_case(model, provider, Case("chain", mode, block_size=BS), seq, reference_every=1)
+    assert r.steps == 200 and not r.diverged and not r.findings, (r.first_divergence, r.findings)
+    assert r.to_json()["block_size"] == BS
+
+
+def test_a_dummy_reads_a_finished_rows_block_only_where_column_0_holds_one():
+    """With a block size a finished request's retired columns are the null block: an idle rank's dummy
+    run (which reads column 0) reaches the stale-row trigger only through a row that still holds one."""
+    from repro.job.triggers import _finished_row
+    short = [Request(0, 3, 1)]  # never leaves column 0
+    long = [Request(0, 9, 1)]  # its column 0 is retired
+    fin = StepBatch([], [], [], [], [], dummy=True)
+    for reqs, expect in ((short, True), (long, False)):
+        steps = Sequence(reqs, block_size=BS).batches()
+        fin.finished = [0]
+        assert _finished_row(steps + [fin]) is expect
+
+
+def test_run_with_a_block_size_exits_0_on_the_default_plan(capsys, tiny_path):
+    """`repro run --block-size 4`: every case at K = 0 with prefix caching, each live hazard found."""
+    from repro.cli import main
+    rc = main(["run", "--model", tiny_path, "--device", "cpu", "--block-size", str(BS), "--steps", "40",
+               "--mode", "full"])
+    assert rc == 0, capsys.readouterr()
