@@ -38,16 +38,18 @@ def test_the_loud_repair_is_expected_loud(device, tiny_path):
 
 
 def test_the_plan_has_every_record_repair_and_every_k_mode():
-    cs = long_runs.cases([0, 1], ["none", "piecewise"], False, True)
-    assert sum(not c.hazards for c in cs) == 4
+    cs = long_runs.cases([0, 1], ["none", "piecewise"], False, True, block_sizes=[4])
+    assert sum(not c.hazards and c.block_size is None for c in cs) == 4
+    assert {(c.mode, c.spec_tokens) for c in cs if c.block_size == 4} == {("none", 0), ("piecewise", 0)}
     assert {(c.hazards[0], c.repairs[0]) for c in cs if c.hazards} >= {("first-chunk-as-decode", "is-prefilling-first-chunk"),
                                                                        ("fresh-alloc-split-op", "copy-inputs")}
 
 
 def test_main_exits_0_when_clean_and_1_when_a_row_is_not(capsys, monkeypatch):
     argv = ["--steps", "4", "--spec-tokens", "0", "--modes", "none", "--no-repairs"]
-    assert long_runs.main(argv) == 0
-    assert "1 of 1 as expected" in capsys.readouterr().out
+    assert long_runs.main(argv + ["--block-sizes", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2 as expected" in out and "baseline block 4" in out
     monkeypatch.setattr(long_runs, "run", lambda *a: long_runs.Row("baseline", "none", 0, False, 3, 4, None, 0.0))
     assert long_runs.main(argv) == 1  # stopped short of its last step with no failure named
     assert "NOT CLEAN: stopped at step 3" in capsys.readouterr().out

@@ -313,3 +313,22 @@ def test_run_report_into_a_non_empty_dir_is_refused(tiny_path, tmp_path, capsys)
                "--steps", "4", "--report", str(rep)])
     assert rc == 2 and "not empty" in capsys.readouterr().err
     assert sorted(os.listdir(rep)) == ["keep.txt"]
+
+
+def test_repairs_rerun_at_the_results_draft_tokens(tiny_path, tmp_path):
+    """A result at K = 2 (vLLM #53051's hazard) re-runs its repairs with K = 2 copies over its own
+    steps, which carry the drafts: each fixed form of the uniform-decode rule clears it, and the
+    replay-side assertion turns it into the loud finding it is meant to be."""
+    from repro.islands import Model
+    from repro.report import load_result, repair_rows, steps_that_ran
+    res = tmp_path / "r.json"
+    assert main(["run", "--model", tiny_path, "--device", "cpu", "--mode", "full_and_piecewise",
+                 "--hazard", "shape-only-uniform-decode", "--steps", "12", "--json", str(res)]) == 1
+    doc = load_result(res)
+    r = doc["results"][0]
+    assert r["spec_tokens"] == 2 and r["diverged"]
+    steps, seqj, _ = steps_that_ran(doc, r, None)
+    rows = {x.repair: x for x in repair_rows(doc, r, steps, seqj, Model(tiny_path, "cpu"), None)}
+    assert rows["past-prompt-uniform"].diverged is False and rows["no-hybrid-prefill"].diverged is False
+    assert rows["past-prompt-uniform"].comparable
+    assert rows["replay-assert"].diverged is True  # the loud error: detected, not clean

@@ -8,7 +8,9 @@ that error instead. Exit 1 if a row is not as expected.
     python tools/long_runs.py --device cpu --steps 1000
     python tools/long_runs.py --device cuda --steps 1000 --kernels all=triton
 
-A baseline row at K > 0 draws spec decodes with seeded acceptance and 1+K-token prompts; `--dp`
+A baseline row at K > 0 draws spec decodes with seeded acceptance and 1+K-token prompts; a row
+with a block size (`--block-sizes`) runs prefix caching, with prompts near multiples of the block
+and shared prefixes (prefix hits); `--dp`
 adds an idle data-parallel rank's dummy steps to the baselines. A repair row runs the sequence its
 hazard needs (its K, its dummy steps: `repro.job.cases.sequence_needs`).
 """
@@ -49,8 +51,11 @@ class Row:
         return self.clean if self.expect == "clean" else self.failure is not None
 
 
-def cases(ks, modes, dp: bool, repairs: bool) -> list[Case]:
+def cases(ks, modes, dp: bool, repairs: bool, block_sizes=()) -> list[Case]:
+    """Baselines at each K and mode, then with prefix caching at each block size (K = 0: the
+    rebuild refuses a block size with drafts), then each record hazard under each repair."""
     out = [Case("chain", m, spec_tokens=k, data_parallel=dp) for k in ks for m in modes]
+    out += [Case("chain", m, data_parallel=dp, block_size=b) for b in block_sizes for m in modes if 0 in ks]
     if repairs:
         for h in hz.HAZARDS.values():
             if not h.record or "chain" not in h.islands:
@@ -71,6 +76,8 @@ def run(model, provider, case: Case, steps: int, seed: int) -> Row:
         failure = (r.failure.where() if r.failure is not None
                    else ", ".join(sorted({f['kind'] for f in r.findings})) or "detected")
     what = " + ".join(case.hazards + case.repairs) or "baseline"
+    if case.block_size:
+        what += f" block {case.block_size}"
     return Row(what, case.mode, case.spec_tokens, case.data_parallel, r.steps, len(seq.batches()), failure,
                time.perf_counter() - t0, hz.expectation(case.hazards, case.repairs))
 
@@ -94,6 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--spec-tokens", default="0,1,2,3", help="the baselines' K values, comma separated")
     ap.add_argument("--modes", default=",".join(MODES).lower(),
                     help="comma separated, vLLM's names (FULL resolves to FULL_AND_PIECEWISE for GDN: run once)")
+    ap.add_argument("--block-sizes", default="", help="prefix caching's block sizes, comma separated: each adds "
+                    "K=0 baselines with it (default: none)")
     ap.add_argument("--dp", action="store_true", help="baselines with an idle data-parallel rank's dummy steps")
     ap.add_argument("--no-repairs", action="store_true", help="baselines only")
     ap.add_argument("--no-baselines", action="store_true", help="the repair rows only")
@@ -106,7 +115,8 @@ def main(argv=None) -> int:
     ks = [int(k) for k in a.spec_tokens.split(",")]
     modes = list(dict.fromkeys(mode_name(m) for m in a.modes.split(",")))
     i, n = (int(x) for x in a.shard.split("/"))
-    todo = cases([] if a.no_baselines else ks, modes, a.dp, not a.no_repairs)[i::n]
+    blocks = [int(b) for b in a.block_sizes.split(",") if b]
+    todo = cases([] if a.no_baselines else ks, modes, a.dp, not a.no_repairs, blocks)[i::n]
     print(f"# {len(todo)} runs of {a.steps} steps, seed {a.seed}, {a.preset}, kernels {a.kernels}, "
           f"{provider.name} on {provider.device}", flush=True)
     bad = 0

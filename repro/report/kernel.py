@@ -15,8 +15,8 @@ from ..errors import BadInput
 from ..check.kernelcase import INPUTS, SCRIPT, write_kernel_script
 from ..graphs import make_provider
 from ..islands import Model
-from ..job.cases import Case, run_case
-from ..scheduler.sequence import Sequence
+from ..job.cases import run_case
+from .load import rerun_case, rerun_sequence
 
 
 @dataclass
@@ -53,13 +53,10 @@ def make_kernel_script(stage: Path, doc: dict, r: dict, steps: list, seqj: dict,
     except (BadInput, ValueError) as e:  # a plugin, kernel or device missing here (KernelSelectionError)
         return KernelScript(fd, [], f"not re-run here: {e}")
     upto = [s for i, s in enumerate(steps) if s.get("step", i) <= fd["step"]]
-    seq = Sequence(requests=[], num_slots=seqj.get("num_slots", 8), max_tokens=seqj.get("max_tokens", 16),
-                   vocab=seqj.get("vocab", 512), seed=seqj.get("seed", 0), steps=upto)
+    seq = rerun_sequence(seqj, upto)
     sent = sentinel if sentinel is not None else doc.get("sentinel", 0)
     with registry.using(**(doc.get("kernels") or {})):
-        res = run_case(model, provider, Case(r["island"], r["mode"], tuple(r["hazards"]), tuple(r["repairs"]),
-                                             stack=r.get("stack", "fixed")),
-                       seq, sentinel=sent)
+        res = run_case(model, provider, rerun_case(r), seq, sentinel=sent)
     entry = res.kernel_findings.get(fd["kind"])
     case = entry["first"].kernel if entry else None
     if case is None:

@@ -9,6 +9,7 @@ from ..io import read_json
 from ..knobs import hazards as hz
 from ..model.checkpoint import Checkpoint
 from ..model.config import GDN, ConfigError
+from ..job.results import Case
 from ..scheduler.sequence import Sequence
 
 
@@ -118,7 +119,8 @@ def steps_that_ran(doc: dict, r: dict, sentinel: int | None):
         k = next((i for i, s in enumerate(chosen) if s.get("step") == r["first_divergence"]["step"]), None)
         if k is not None:
             chosen = chosen[:k + 1]
-    out = {k: seqj[k] for k in ("num_slots", "max_tokens", "vocab", "seed") if k in seqj}
+    # the settings the steps were made with: a replay at another K or block size is another run
+    out = {k: seqj[k] for k in _RERUN_KEYS if k in seqj and (seqj[k] or k in ("num_slots", "max_tokens", "vocab", "seed"))}
     used = {rid for s in chosen for rid in s["request_ids"]}
     out["requests"] = [q for q in seqj.get("requests", []) if q.get("rid") in used]
     out["steps"] = chosen
@@ -151,3 +153,23 @@ def check_layer(doc: dict, layer: int | None) -> None:
     if kind != GDN and any(r["island"] in hz.CHAIN_ISLANDS for r in doc["results"]):
         gdn = ", ".join(map(str, cfg.gdn_layers()[:8]))
         raise BadInput(f"--layer {layer}: a {kind} layer, and the result's islands are built from a GDN layer ({gdn})")
+
+
+# The sequence fields a re-run takes from the result's sequence (the steps themselves come apart).
+_RERUN_KEYS = ("num_slots", "max_tokens", "vocab", "seed", "spec_tokens", "data_parallel", "block_size")
+
+
+def rerun_sequence(seqj: dict, steps: list) -> Sequence:
+    """The recorded `steps` as a sequence with the result's own settings (its draft tokens a decode,
+    dummy steps, block size), so a re-run builds the copies the run had."""
+    return Sequence(requests=[], steps=steps, **{k: seqj[k] for k in _RERUN_KEYS if k in seqj})
+
+
+def rerun_case(r: dict, hazards=None, repairs=None) -> Case:
+    """Result row `r` as a case (its hazards and repairs unless given), with its K, dummy steps,
+    block size and stack."""
+    return Case(r["island"], r["mode"], tuple(r["hazards"] if hazards is None else hazards),
+                tuple(r["repairs"] if repairs is None else repairs), spec_tokens=r.get("spec_tokens") or 0,
+                data_parallel=bool(r.get("data_parallel")), stack=r.get("stack", "fixed"),
+                block_size=r.get("block_size"))
+

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from ..knobs import hazards as hz
 from ..errors import Refused
 from ..graphs import TapeProvider
-from ..job.cases import Case, run_case
-from ..scheduler.sequence import Sequence
+from ..job.cases import run_case
+from .load import rerun_case, rerun_sequence
 
 
 @dataclass
@@ -87,8 +87,7 @@ def repair_rows(doc: dict, r: dict, steps, seqj, model, sentinel: int | None) ->
         return rows + [RepairRow(rep, None, None, None, "not run", f"island {r['island']}: run it with `repro run`")
                        for rep in wanted]
     provider = TapeProvider("cpu")
-    seq = Sequence(requests=[], num_slots=seqj.get("num_slots", 8), max_tokens=seqj.get("max_tokens", 16),
-                   vocab=seqj.get("vocab", 512), seed=seqj.get("seed", 0), steps=steps)
+    seq = rerun_sequence(seqj, steps)
     sent = sentinel if sentinel is not None else 0
     healthy = None
     for rep in wanted:
@@ -100,10 +99,9 @@ def repair_rows(doc: dict, r: dict, steps, seqj, model, sentinel: int | None) ->
             continue
         if healthy is None:
             # the same kernel sentinel as the hazard's run, so both address the same slots
-            healthy = run_case(model, provider, Case(r["island"], r["mode"], stack=r.get("stack", "fixed")), seq,
+            healthy = run_case(model, provider, rerun_case(r, (), ()), seq,
                                sentinel=hz.options_for(r["hazards"]).sentinel(sent))
-        res = run_case(model, provider, Case(r["island"], r["mode"], tuple(r["hazards"]), repairs,
-                                             stack=r.get("stack", "fixed")), seq, sentinel=sent)
+        res = run_case(model, provider, rerun_case(r, repairs=repairs), seq, sentinel=sent)
         rows.append(RepairRow(rep, res.detected, res.replay_us, healthy.replay_us, "run here (cpu-tape, same steps)",
                               steps=res.steps, baseline_steps=healthy.steps))
     return rows

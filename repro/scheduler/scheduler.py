@@ -24,25 +24,12 @@ from typing import Mapping
 
 from ..control.batch import StepBatch
 from ..errors import BadInput
+from .tokens import draft as _draft
+from .tokens import token as _token
 from .prefix import ALIGN_BLOCKS, AlignedBlocks, BlockPool, aligned_chunk, check_block_size
 
 MAX_SPEC_TOKENS = 4
 TICK_LIMIT = 10_000  # ticks past the last arrival: a sequence that has not finished by then never will
-
-
-def _token(seed: int, rid: int, pos: int, vocab: int) -> int:
-    """The token id at position `pos` of request `rid`: prompt tokens and sampled tokens alike."""
-    return (seed * 1_000_003 + rid * 7919 + pos * 104_729 + 12_345) * 2_654_435_761 % (1 << 32) % vocab
-
-
-def _draft(seed: int, rid: int, pos: int, vocab: int) -> int:
-    """The draft token proposed at position `pos`. Never the token sampled there (`_token`) when
-    vocab > 1: a rejected draft then leaves state computed from a token the request does not
-    keep, which the next step must not continue from."""
-    if vocab == 1:
-        return 0
-    h = (seed * 6_700_417 + rid * 65_537 + pos * 1_000_033 + 977) * 2_246_822_519 % (1 << 32)
-    return (_token(seed, rid, pos, vocab) + 1 + h % (vocab - 1)) % vocab
 
 
 def block_pool(num_slots: int, spec_tokens: int = 0, first: int = 1) -> list[int]:
