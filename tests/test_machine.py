@@ -53,7 +53,8 @@ def _dev(n):
                     derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 
 
-RULES = ("admit", "admit_long", "step", "steps", "finish", "drain", "dummy_step", "churn_allocator", "recapture")
+RULES = ("admit", "admit_long", "step", "steps", "finish", "retire_oldest", "drain", "dummy_step", "churn_allocator",
+         "recapture")
 
 
 # The dispatches each mode can make: at K = 2 the machine's step budget (12 tokens) exceeds the
@@ -90,3 +91,19 @@ def test_the_edge_counter_can_miss_an_edge(model_provider):
     run_state_machine_as_test(lockstep_machine(model, provider, "piecewise", edges=edges), settings=_dev(5))
     assert {"accept:all", "accept:some", "accept:none", "dummy"} <= set(edges.missing())
     assert edges.counts["rule:step"] > 0 and edges.counts["dispatch:PIECEWISE"] > 0
+
+
+def test_the_machine_with_prefix_caching_reaches_its_edges(model_provider):
+    """With a block size (prefix caching, K = 0), the machine admits requests sharing an earlier
+    prompt's first blocks; a dev-profile search stays clean (replay equals eager with the forward
+    state copy and cached blocks) and reaches prefix hits, forward copies across a block boundary
+    and chunks floored to a block boundary, besides the edges it shares with K = 0."""
+    from repro.search.edges import PREFIX, Edges
+    model, provider = model_provider
+    edges = Edges("full_and_piecewise", 0, 4)
+    run_state_machine_as_test(lockstep_machine(model, provider, "full_and_piecewise", block_size=4, edges=edges),
+                              settings=_dev(60))
+    wanted = PREFIX + ("first-chunk:1", "chunk:later", "block:reused", "dispatch:FULL", "dispatch:PIECEWISE",
+                       "rule:admit_shared")
+    missing = edges.missing(wanted)
+    assert not missing, (missing, dict(edges.counts))

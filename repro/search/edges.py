@@ -15,7 +15,11 @@ brackets):
   `repro.job.triggers` judges those hazards' triggers;
 - `condense:moved`: a finish that made `InputBatch.condense` move a live row [input_batch];
 - `block:reused`: a request given a state block a finished request held;
-- `dispatch:FULL`, `dispatch:PIECEWISE`, `dispatch:NONE`: how the runner runs the step [dispatch].
+- `dispatch:FULL`, `dispatch:PIECEWISE`, `dispatch:NONE`: how the runner runs the step [dispatch];
+- with a block size (prefix caching): `prefix:hit`, a request whose first chunk starts past
+  computed tokens (from a cached block); `block:copy`, a running column that moved, so the state is
+  copied forward before the step (`preprocess_mamba`); `chunk:floored`, a prompt chunk that ends
+  on a block boundary before the prompt's end (the scheduler's block-aligned split).
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from ..control.input_batch import InputBatch
 from ..control.modes import parse_mode
 from ..knobs.options import ControlRules, UniformDecode
 
+PREFIX = ("prefix:hit", "block:copy", "chunk:floored")
 # The edges every search with drafts (K >= 2) and dummy steps must reach; without drafts the
 # acceptance and 1+K edges are those of K = 0 (a one-token prompt is a decode's shape).
 ALL = ("accept:all", "accept:some", "accept:none", "prompt:1+K", "uniform-shape-prefill", "first-chunk:1",
@@ -46,6 +51,7 @@ class Edges:
         """A fresh runner (a new example): no rows, no blocks held, no previous step; counts stay."""
         self.rows = InputBatch(self.max_num_seqs, 1 + self.k, 0, ControlRules())
         self.held: dict[int, int] = {}  # state block -> the request that last held it
+        self.started: set[int] = set()  # requests seen in a step
         self.staged = False  # a step so far was a uniform decode (the builder staged its buffers)
         self.finished = False  # a request finished or was preempted so far
 
@@ -58,6 +64,8 @@ class Edges:
             c["dummy-after-finish"] += self.finished
             return
         pre, comp, prompts = b.is_prefilling(), b.computed(), b.prompts()
+        if b.block_size:
+            self._prefix(b, pre, comp, prompts)
         for i, (ql, p) in enumerate(zip(b.query_lens, pre)):
             if p and comp[i] == 0 and ql == q and prompts[i] == q:
                 c["prompt:1+K"] += 1
@@ -83,6 +91,18 @@ class Edges:
                 if self.held.get(blk, rid) != rid:
                     c["block:reused"] += 1
                 self.held[blk] = rid
+
+    def _prefix(self, b, pre, comp, prompts) -> None:
+        c, bs = self.counts, b.block_size
+        for i, rid in enumerate(b.request_ids):
+            if rid not in self.started and comp[i] > 0 and pre[i]:
+                c["prefix:hit"] += 1
+            self.started.add(rid)
+            if b.prev_cols and b.prev_cols[i] not in (-1, b.state_cols[i]):
+                c["block:copy"] += 1
+            end = comp[i] + b.query_lens[i]
+            if pre[i] and end < prompts[i] and end % bs == 0:
+                c["chunk:floored"] += 1
 
     def missing(self, wanted=ALL) -> list[str]:
         return [e for e in wanted if not self.counts[e]]

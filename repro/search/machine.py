@@ -19,6 +19,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from ..control.dispatch import DEFAULT_SIZES
 from ..knobs.hazards import options_for
 from ..lockstep import Lockstep
+from ..scheduler.prefix import ALIGN_BLOCKS, check_block_size
 from ..scheduler.scheduler import Scheduler, block_pool
 from .edges import Edges
 
@@ -26,10 +27,10 @@ MAX_TOKENS = 8
 
 
 def prompt_lengths(spec_tokens: int = 0):
-    """Prompts within the step budget: any length, 1+K (a prompt shaped like a decode) drawn often
-    when K > 0; 1 (a one-token first chunk) is where shrinking goes."""
+    """Prompts within the step budget: any length, and drawn often the rules' edges: 1 (a one-token
+    first chunk, vLLM #51565) and 1+K (a prompt shaped like a decode, vLLM #53051) when K > 0."""
     fits = st.integers(1, MAX_TOKENS)
-    return st.one_of(fits, st.just(1 + spec_tokens)) if spec_tokens else fits
+    return st.one_of(fits, st.just(1), st.just(1 + spec_tokens)) if spec_tokens else fits
 
 
 def long_prompt_lengths(spec_tokens: int = 0):
@@ -40,13 +41,16 @@ def long_prompt_lengths(spec_tokens: int = 0):
 
 
 def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), num_slots=4, sentinel=0,
-                     spec_tokens=0, data_parallel=False, edges: Edges | None = None):
+                     spec_tokens=0, data_parallel=False, edges: Edges | None = None, block_size: int | None = None):
     """A RuleBasedStateMachine class over `model` (an `islands.Model`) on `provider`; K =
     `spec_tokens` draft tokens a decode, so each request holds 1+K of num_slots * (1+K) state
     blocks; `data_parallel`: the rank runs dummy steps while it has nothing to run. `edges`: counts
     each rule run (`rule:NAME`) and the control-rule edges of each step (`edges.Edges`), over every
-    example the search runs."""
+    example the search runs. `block_size`: prefix caching (K = 0), with a rule that admits a
+    request sharing a prefix of an earlier one's prompt (a prefix hit where a whole block matches)."""
     k = spec_tokens
+    check_block_size(block_size, k)
+    per_slot = ALIGN_BLOCKS - 1 + k if block_size else k  # blocks a request slot adds beyond the first
 
     def counted(fn):
         if edges is None:
@@ -70,11 +74,14 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
             # with drafts, a budget that fits every request's decode (vLLM's max_num_batched_tokens is
             # at least max_num_seqs * (1+K)), so running requests stay in the batch together
             budget = max(MAX_TOKENS, num_slots * (1 + k))
-            self.ls = Lockstep(lambda o: model.copy(o, num_slots=num_slots, sentinel=kernel_sentinel, spec_tokens=k),
+            slots = num_slots * (1 + per_slot) // (1 + k)  # the copies' state cache holds slots * (1+K) blocks
+            self.ls = Lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=kernel_sentinel, spec_tokens=k),
                                provider, mode=mode, opts=opts, max_tokens=max(MAX_TOKENS * 2, budget),
                                max_num_seqs=num_slots)
-            self.sched = Scheduler(budget, block_pool(num_slots, k, 1 if kernel_sentinel == 0 else 0), k,
-                                   model.cfg.vocab_size, seed=0, data_parallel=data_parallel)
+            self.sched = Scheduler(budget, block_pool(num_slots, per_slot, 1 if kernel_sentinel == 0 else 0), k,
+                                   model.cfg.vocab_size, seed=0, data_parallel=data_parallel, block_size=block_size,
+                                   max_seqs=num_slots)
+            self.prompts: dict[int, int] = {}
             self.next_rid = 0
             self.divergence = None
             if edges is not None:  # each example starts a fresh runner: rows and blocks from empty
@@ -93,9 +100,22 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
         def admit_long(self, prompt_len):
             self._admit(prompt_len)
 
-        def _admit(self, prompt_len):
-            self.sched.add(self.next_rid, prompt_len)
+        def _admit(self, prompt_len, **prefix):
+            self.sched.add(self.next_rid, prompt_len, **prefix)
+            self.prompts[self.next_rid] = prompt_len
             self.next_rid += 1
+
+        if block_size:
+            # a prompt that repeats the first blocks of an earlier one (and one token on either side
+            # of a block boundary): a prefix hit when a block it fills is still cached
+            @precondition(lambda self: self.prompts)
+            @rule(data=st.data(), blocks=st.integers(1, 3), over=st.integers(-1, 1 + MAX_TOKENS))
+            @counted
+            def admit_shared(self, data, blocks, over):
+                src = data.draw(st.sampled_from(sorted(self.prompts)))
+                prompt = max(1, blocks * block_size + over)
+                share = min(prompt, self.prompts[src], blocks * block_size)
+                self._admit(prompt, prefix_of=src, prefix_len=share)
 
         def _step(self, kept):
             batch = self.sched.step(kept)
@@ -130,14 +150,21 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
                     return
                 self._step({rid: kept[i % num_slots] for i, rid in enumerate(self.sched.awaiting())} if k else None)
 
-        # `oldest`: the request in the lowest row, so the next step's requests move down into its
-        # hole (`InputBatch.condense`), which a uniform pick among the running rarely makes.
         @precondition(lambda self: self.sched.running())
-        @rule(data=st.data(), preempt=st.booleans(), oldest=st.booleans())
+        @rule(data=st.data(), preempt=st.booleans())
         @counted
-        def finish(self, data, preempt, oldest):
-            running = self.sched.running()
-            self.sched.finish(running[0] if oldest else data.draw(st.sampled_from(running)), preempt)
+        def finish(self, data, preempt):
+            self.sched.finish(data.draw(st.sampled_from(self.sched.running())), preempt)
+
+        # The oldest request finishes and the next step runs at once, as a serving loop does: the
+        # others move down into its row (`InputBatch.condense`), which a finish among other rules
+        # rarely leads to.
+        @precondition(lambda self: len(self.sched.running()) >= 2)
+        @rule(kept=st.lists(st.integers(1, 1 + k), min_size=num_slots, max_size=num_slots))
+        @counted
+        def retire_oldest(self, kept):
+            self.sched.finish(self.sched.running()[0])
+            self._step({rid: kept[i % num_slots] for i, rid in enumerate(self.sched.awaiting())} if k else None)
 
         # Every request ends at once: the rank goes idle right after real steps, where a dummy
         # step reads what they left (one finish at a time, against several admissions, almost
