@@ -87,13 +87,21 @@ def test_an_island_that_writes_no_trace_refuses_trace_and_keeps_the_file(tiny_pa
     assert precious.read_text() == "mine\n"
 
 
+def _as_a_terminal():
+    """The child gets Ctrl-C as a shell gives it: SIGINT neither ignored nor blocked. Both are
+    inherited across exec, and a pytest-xdist worker that ran other tests first may hold either
+    (the child then ran on past SIGINT: its stacks showed it still in the lockstep)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_during_a_traced_run_leaves_the_old_trace_whole(tiny_path, tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text("the old trace\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}  # a hang dumps its stacks on SIGABRT
     p = subprocess.Popen([sys.executable, "-m", "repro", "run", "--model", tiny_path, "--device", "cpu", "--island",
                           "submod0", "--steps", "5000", "--trace", str(trace)], cwd=tmp_path, env=env,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_as_a_terminal)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # until the new trace is being written beside the old one
@@ -105,7 +113,11 @@ def test_sigint_during_a_traced_run_leaves_the_old_trace_whole(tiny_path, tmp_pa
         else:
             pytest.fail("the run never started its trace")
         p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=60)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGABRT)  # where it hung, from faulthandler
+            pytest.fail("no exit within 60 s of SIGINT; its stacks:\n" + p.communicate(timeout=30)[1][-6000:])
     finally:
         if p.poll() is None:
             p.kill()
