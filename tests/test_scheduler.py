@@ -368,3 +368,20 @@ def test_the_rule_checker_catches_a_broken_schedule():
         setattr(swapped[j], f, list(reversed(getattr(swapped[j], f))))
     with pytest.raises(AssertionError):
         check_steps(swapped, seq.max_tokens, 2, block_pool(seq.num_slots, 2), seq.seed, seq.vocab)
+
+
+def test_abort_waiting_ends_queued_requests_and_leaves_the_running():
+    """`Scheduler.finish_requests` on a waiting request removes it from the queue: it held no
+    blocks, so none is freed; the running request keeps its blocks, and once it finishes the rank
+    is idle."""
+    s = Scheduler(8, block_pool(2), data_parallel=True)
+    s.add(0, 3)
+    s.add(1, 3)
+    s.add(2, 3)  # two slots: request 2 waits
+    s.step()
+    assert s.running() == [0, 1] and s.waiting() == [2]
+    assert s.abort_waiting() == [2] and s.waiting() == []
+    assert s.running() == [0, 1] and not s.idle()
+    s.finish(0)
+    s.finish(1)
+    assert s.idle() and s.done()

@@ -30,6 +30,7 @@ from ..control.input_batch import InputBatch
 from ..control.modes import parse_mode
 from ..knobs.options import ControlRules, UniformDecode
 
+FIXED = ControlRules()  # the rules' fixed forms: what the runner under test does at baseline
 PREFIX = ("prefix:hit", "block:copy", "chunk:floored")
 # The edges every search with drafts (K >= 2) and dummy steps must reach; without drafts the
 # acceptance and 1+K edges are those of K = 0 (a one-token prompt is a decode's shape).
@@ -49,7 +50,7 @@ class Edges:
 
     def reset(self) -> None:
         """A fresh runner (a new example): no rows, no blocks held, no previous step; counts stay."""
-        self.rows = InputBatch(self.max_num_seqs, 1 + self.k, 0, ControlRules())
+        self.rows = InputBatch(self.max_num_seqs, 1 + self.k, 0, FIXED)
         self.held: dict[int, int] = {}  # state block -> the request that last held it
         self.started: set[int] = set()  # requests seen in a step
         self.staged = False  # a step so far was a uniform decode (the builder staged its buffers)
@@ -79,7 +80,7 @@ class Edges:
         shape = uniform_decode(UniformDecode.SHAPE, b.query_lens, pre, self.k)
         if shape and any(pre):
             c["uniform-shape-prefill"] += 1
-        uniform = uniform_decode(ControlRules().uniform_decode, b.query_lens, pre, self.k)
+        uniform = uniform_decode(FIXED.uniform_decode, b.query_lens, pre, self.k)
         self.staged |= uniform
         c[f"dispatch:{self.dispatcher.dispatch(b.num_tokens, uniform)[0].name}"] += 1
         before = dict(self.rows.row_of)

@@ -117,6 +117,10 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
                 share = min(prompt, self.prompts[src], blocks * block_size)
                 self._admit(prompt, prefix_of=src, prefix_len=share)
 
+        def _kept(self, kept):
+            """The drawn kept counts given to the requests whose count is open (None with K = 0)."""
+            return {rid: kept[i % num_slots] for i, rid in enumerate(self.sched.awaiting())} if k else None
+
         def _step(self, kept):
             batch = self.sched.step(kept)
             see(batch)
@@ -131,7 +135,7 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
             @rule(kept=st.lists(st.integers(1, 1 + k), min_size=num_slots, max_size=num_slots))
             @counted
             def step(self, kept):
-                self._step({rid: kept[i % num_slots] for i, rid in enumerate(self.sched.awaiting())})
+                self._step(self._kept(kept))
         else:
             @precondition(lambda self: not self.sched.idle())
             @rule()
@@ -148,7 +152,7 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
             for _ in range(n):
                 if self.divergence is not None or self.sched.idle():
                     return
-                self._step({rid: kept[i % num_slots] for i, rid in enumerate(self.sched.awaiting())} if k else None)
+                self._step(self._kept(kept))
 
         @precondition(lambda self: self.sched.running())
         @rule(data=st.data(), preempt=st.booleans())
@@ -164,7 +168,7 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
         @counted
         def retire_oldest(self, kept):
             self.sched.finish(self.sched.running()[0])
-            self._step({rid: kept[i % num_slots] for i, rid in enumerate(self.sched.awaiting())} if k else None)
+            self._step(self._kept(kept))
 
         # Every request ends at once: the rank goes idle right after real steps, where a dummy
         # step reads what they left (one finish at a time, against several admissions, almost
