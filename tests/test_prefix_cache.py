@@ -13,7 +13,7 @@ from repro.errors import BadInput
 from repro.graphs import make_provider
 from repro.islands import Model
 from repro.job.cases import Case, default_sequence, run_case
-from repro.scheduler.prefix import BlockPool, aligned_chunk
+from repro.scheduler.prefix import BlockPool, aligned_chunk, saved_boundary
 from repro.scheduler.sequence import Request, Sequence
 from repro.capture.runner import EagerRunner
 from tests.refusals import refused
@@ -122,9 +122,13 @@ def test_refusals_name_the_field():
                                          {"rid": 1, "prompt_len": 4, "decode_steps": 1, "prefix_of": 5, "prefix_len": 2}]})
     with pytest.raises(BadInput, match=r"requests\[0\].prefix_len"):
         Sequence.from_json({"requests": [{"rid": 0, "prompt_len": 4, "decode_steps": 1, "prefix_len": 2}]})
-    with pytest.raises(BadInput, match="block_size 4 with spec_tokens 2"):
-        Sequence.from_json({"requests": [{"rid": 0, "prompt_len": 4, "decode_steps": 1}], "block_size": 4,
+    with pytest.raises(BadInput, match="block_size 2 with spec_tokens 2: a block must be wider"):
+        Sequence.from_json({"requests": [{"rid": 0, "prompt_len": 4, "decode_steps": 1}], "block_size": 2,
                             "spec_tokens": 2})
+    step = {"step": 0, "request_ids": [0], "slots": [1], "query_lens": [1], "has_initial_state": [False],
+            "token_ids": [3], "post_copies": [[1, 2, 3, 4]]}
+    with pytest.raises(BadInput, match=r"steps\[0\].post_copies\[0\]\[2\]: 3 is out of range 0..2"):
+        Sequence.from_json({"steps": [step], "block_size": 4, "spec_tokens": 2})
     with pytest.raises(BadInput, match="block_size: 0 is out of range"):
         Sequence.from_json({"requests": [{"rid": 0, "prompt_len": 4, "decode_steps": 1}], "block_size": 0})
 
@@ -140,9 +144,55 @@ def test_a_sequence_with_a_block_size_round_trips_and_one_without_writes_no_new_
 
 def test_the_cli_refuses_a_bad_block_size(capsys):
     refused(capsys, ["run", "--block-size", "0", "--device", "cpu"], "--block-size")
-    refused(capsys, ["run", "--block-size", "4", "--spec-tokens", "2", "--device", "cpu", "--steps", "2"],
-            "--block-size 4", "postprocess_mamba_align_gpu")
+    refused(capsys, ["run", "--block-size", "2", "--spec-tokens", "2", "--device", "cpu", "--steps", "2"],
+            "--block-size 2 with --spec-tokens 2", "wider than the draft tokens")
     refused(capsys, ["bench", "--block-size", "4", "--device", "cpu"], "--block-size", "--hunt-rates")
+
+
+def test_a_spec_decode_saves_the_block_boundary_its_kept_tokens_reached():
+    """postprocess_mamba_fused_kernel: running = computed+1 tokens, new = computed+kept; the last
+    boundary `aligned` <= new, if >= running, is saved from window token aligned-running into column
+    aligned//block_size - 1; into the running column itself the next step reads from its start."""
+    assert saved_boundary(5, 3, BS) == (2, 1)  # 6..8 kept: the state after 8 tokens, window token 2
+    assert saved_boundary(3, 1, BS) == (0, 0)  # the bonus token fills block 0
+    assert saved_boundary(3, 3, BS) == (0, 0)  # ... whatever the drafts do
+    assert saved_boundary(4, 3, BS) is None  # 5..7: no boundary reached
+    assert saved_boundary(6, 1, BS) is None and saved_boundary(6, 2, BS) == (1, 1)
+    # the scheduler: request 0 (prompt 5, K = 2, every draft kept) decodes 5..7 and keeps them all,
+    # reaching 8 in its running column 1, whose block then holds window token 2's state: a copy in
+    # place, its accepted count 1 for the next step, which copies column 1 on to column 2
+    seq = Sequence([Request(0, 5, 3, accept=[3])], spec_tokens=2, block_size=BS)
+    steps = seq.batches()
+    first, nxt = next((i, b) for i, b in enumerate(steps) if b.draft_lens == [2])[1], None
+    i = steps.index(first)
+    nxt = steps[i + 1]
+    run = first.blocks[0][first.state_cols[0]]
+    assert first.num_computed == [5] and first.state_cols == [1]
+    assert nxt.post_copies == [[run, run, 2, first.blocks[0][3]]] and nxt.num_accepted == [1]
+    assert nxt.prev_cols == [1] and nxt.state_cols == [2]
+    copies, accepted = forward_copies(nxt)
+    assert [(c.dst, c.conv_src, c.conv_offset, c.ssm_src) for c in copies][0] == (run, run, 2, first.blocks[0][3])
+    assert accepted == [1] and copies[1].conv_src == run and copies[1].conv_offset == 0
+
+
+def test_a_window_moves_its_left_behind_speculative_blocks_forward():
+    """allocate_new_blocks / _relocate_speculative_block: the speculative blocks a moved window left
+    behind fill its new columns, so a move takes one new block from the pool however far it goes."""
+    moves = 0
+    for accept in ([3], [1, 3, 2]):
+        seq = Sequence([Request(0, 3, 8, accept=accept)], spec_tokens=2, block_size=BS)
+        steps = [b for b in seq.batches() if b.draft_lens == [2]]
+        for a, b in zip(steps, steps[1:]):
+            ca, cb, ra, rb = a.state_cols[0], b.state_cols[0], a.blocks[0], b.blocks[0]
+            if ca == cb:
+                assert ra[ca:] == rb[cb:]  # the same window (the column before it may be let go)
+                continue
+            moves += 1
+            behind = [ra[j] for j in range(ca + 1, ca + 3) if j < cb]
+            window = rb[cb:]
+            assert set(behind) <= set(window) and len(set(window)) == 3, (ra, rb)
+            assert len(set(window) - set(ra)) == 1, (ra, rb)  # one block from the pool
+    assert moves >= 4
 
 
 # -- the copies: a hit's state is the state its prefix computed, and replay equals eager ----------
@@ -175,14 +225,51 @@ def test_a_hit_continues_from_the_state_its_prefix_computed(setup):
     assert prefix_hits(aligned.batches()) == 1
 
 
-@pytest.mark.parametrize("mode", ["piecewise", "full_and_piecewise"])
-def test_with_a_block_size_replay_equals_eager_and_the_third_copy_agrees(setup, mode):
+def _resumed_state(model, seq):
+    """Eager over `seq` up to the step that ends request 0's recompute after its preemption: that
+    step, and the state its running block then holds (SSM, conv)."""
+    copy = model.copy(num_slots=seq.copy_slots(), spec_tokens=seq.spec_tokens)
+    runner = EagerRunner(copy)
+    preempted = False
+    for b in seq.batches():
+        runner.step(b)
+        preempted |= 0 in b.finished
+        if preempted and b.request_ids == [0] and b.draft_lens == [0] and b.num_computed[0] + b.query_lens[0] > 5:
+            return b, (copy.cache.ssm[b.slots[0]].clone(), copy.cache.conv[b.slots[0]].clone())
+    raise AssertionError("request 0 was not recomputed")
+
+
+@pytest.mark.parametrize("accept", [[3], [3, 1, 2], [2, 3]])
+def test_a_preempted_request_resumes_from_the_boundary_state_its_spec_decodes_saved(setup, accept):
+    """K = 2: request 0 decodes with drafts, is preempted, and comes back from the last cached block
+    of its own tokens, a block its decodes' boundary copies (`post_copies`) filled; after the
+    recompute its state is what recomputing everything from nothing gives (up to rounding)."""
+    model, _ = setup
+    reqs = [Request(0, 5, 6, preempt_after=3, accept=accept)]
+    aligned = Sequence(reqs, spec_tokens=2, block_size=BS)
+    steps = aligned.batches()
+    b, (ssm_a, conv_a) = _resumed_state(model, aligned)
+    _, (ssm_p, conv_p) = _resumed_state(model, Sequence(reqs, spec_tokens=2))
+    saved = {c[0] for s in steps[:steps.index(b) + 1] for c in s.post_copies}
+    resumed = next(s for s in steps if 0 in s.finished)  # the step after the preemption: back from its hit
+    hit_block = resumed.blocks[0][resumed.num_computed[0] // BS - 1]
+    assert prefix_hits(steps) == 1 and resumed.num_computed[0] > 5 and hit_block in saved  # past its prompt
+    # the conv window: its last width-1 tokens; the K columns after them are what a spec decode
+    # writes before it reads them (a decode after a prefill reads from offset accepted-1 = 0)
+    w = model.cfg.linear_conv_kernel_dim - 1
+    assert torch.allclose(ssm_a, ssm_p, rtol=1e-2, atol=1e-3)
+    assert torch.allclose(conv_a[..., :w].float(), conv_p[..., :w].float())
+
+
+@pytest.mark.parametrize("mode, k", [("piecewise", 0), ("full_and_piecewise", 0), ("full_and_piecewise", 2)])
+def test_with_a_block_size_replay_equals_eager_and_the_third_copy_agrees(setup, mode, k):
     model, provider = setup
-    seq = default_sequence(0, 200, block_size=BS)
+    seq = default_sequence(0, 200, spec_tokens=k, block_size=BS)
     batches = seq.batches()
     assert len(batches) == 200 and prefix_hits(batches) > 0
     assert any(p != c for b in batches for p, c in zip(b.prev_cols, b.state_cols) if p >= 0)  # copies happen
-    r = run_case(model, provider, Case("chain", mode, block_size=BS), seq, reference_every=1)
+    assert bool(k) == any(b.post_copies for b in batches)  # boundary copies with drafts only
+    r = run_case(model, provider, Case("chain", mode, spec_tokens=k, block_size=BS), seq, reference_every=1)
     assert r.steps == 200 and not r.diverged and not r.findings, (r.first_divergence, r.findings)
     assert r.to_json()["block_size"] == BS
 
@@ -201,7 +288,8 @@ def test_a_dummy_reads_a_finished_rows_block_only_where_column_0_holds_one():
 
 
 def test_run_with_a_block_size_exits_0_on_the_default_plan(capsys, tiny_path):
-    """`repro run --block-size 4`: every case at K = 0 with prefix caching, each live hazard found."""
+    """`repro run --block-size 4`: every case with prefix caching (K = 0, and the K = 2 rows), each
+    live hazard found."""
     from repro.cli import main
     rc = main(["run", "--model", tiny_path, "--device", "cpu", "--block-size", str(BS), "--steps", "40",
                "--mode", "full"])

@@ -77,7 +77,7 @@ def _block(s, what: str) -> None:
 
 BLOCK_HELP = ("prefix caching of GDN state in blocks of N tokens (vLLM's mamba_cache_mode align, 1..1024): state "
               "blocks grow with each request, prefill chunks end on block boundaries, a request whose first blocks "
-              "of tokens were cached starts from them (the seeded sequences share prefixes); K = 0 only")
+              "of tokens were cached starts from them (the seeded sequences share prefixes); N must exceed K")
 
 
 def knobs_help() -> str:
@@ -130,7 +130,7 @@ def _run(sub, raw) -> None:
     s.add_argument("--seed", type=int, default=None, help="seed of the request sequence (default 0)")
     _spec(s, "draft tokens a decode carries (speculative decoding; 0..4). Default: the plan's own, K=0 and K=2 "
              "rows, and each hazard's (a hazard of 1+K-token dispatch runs at K=2); given, every case runs at K")
-    _block(s, BLOCK_HELP + " (the plan's K=2 rows are left out)")
+    _block(s, BLOCK_HELP + " (the plan's rows whose K is N or more are left out)")
     s.add_argument("--sequence", help="replay this request sequence (JSON, e.g. from `repro hunt --save`); "
                    "not with --steps or --seed, which make the seeded sequence")
     s.add_argument("--trace", help="write per-step digests here (JSON lines), streamed into a temporary file "

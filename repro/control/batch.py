@@ -55,6 +55,9 @@ class StepBatch:
     block_size: int | None = None  # tokens a state block covers; None: each request holds 1+K blocks
     state_cols: list[int] | None = None  # each request's running column, (seq_len - 1) // block_size
     prev_cols: list[int] | None = None  # its running column before this step (-1: nothing computed)
+    # [dst, conv_src, conv_offset, ssm_src] blocks: the previous step's boundary states, saved before
+    # this step's forward copies (`control.prefix.forward_copies`), a dummy step's too
+    post_copies: list[list[int]] = field(default_factory=list)
     _host: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -171,4 +174,4 @@ class StepBatch:
 
 # The fields a step's JSON carries only when they say something (`StepBatch` docstring).
 OPTIONAL = ("num_computed", "prompt_lens", "draft_lens", "num_accepted", "blocks", "finished", "dummy", "block_size",
-            "state_cols", "prev_cols")
+            "state_cols", "prev_cols", "post_copies")

@@ -12,8 +12,10 @@ scheduled, drafts included), followed by K speculative columns. Three host-side 
 - `forward_copies` / `copy_states`: before the forward, a request whose running column moved copies
   its state from the old column to the new one (`preprocess_mamba` with `collect_mamba_copy_meta`
   and the copy specs of `vllm/model_executor/layers/mamba/mamba_utils.py: get_conv_copy_spec,
-  get_temporal_copy_spec`). The copy runs on the host's stream, outside any graph, on every copy of
-  the state (eager, replay, the third copy, the oracle's probe) alike.
+  get_temporal_copy_spec`), after the previous step's spec decodes saved the block-boundary states
+  their kept tokens reached (`vllm/v1/worker/mamba_utils.py: postprocess_mamba_align_gpu`, decided by
+  the scheduler: `repro/scheduler/prefix.py`). The copies run on the host's stream, outside any
+  graph, on every copy of the state (eager, replay, the third copy, the oracle's probe) alike.
 
 The scheduler's side (chunks floored to block boundaries, prefix hits) is `repro/scheduler/prefix.py`.
 """
@@ -61,11 +63,12 @@ def forward_copies(batch) -> tuple[list[StateCopy], list[int]]:
     state comes from block[prev] at token offset accepted-1 and the SSM state from
     block[prev + accepted - 1] (the column of the last kept token), into block[curr]; that request's
     accepted count becomes 1. Returns the copies and every request's accepted count after them
-    (what the metadata builder then reads). A batch without a block size copies nothing."""
+    (what the metadata builder then reads). The previous step's boundary copies (`post_copies`) come
+    first, a dummy step's too; otherwise a batch without a block size copies nothing."""
     accepted = list(batch.accepted())
+    copies = [StateCopy(*c) for c in batch.post_copies]
     if batch.block_size is None or batch.dummy:
-        return [], accepted
-    copies = []
+        return copies, accepted
     for i, (row, prev, curr) in enumerate(zip(batch.block_rows(), batch.prev_cols, batch.state_cols)):
         if prev == -1 or prev == curr:
             continue
@@ -81,6 +84,7 @@ def copy_states(conv: torch.Tensor, ssm: torch.Tensor, copies: list[StateCopy]) 
     destination's first width-offset tokens (`get_conv_copy_spec`: the source from the offset on)."""
     for c in copies:
         w = conv.shape[-1] - c.conv_offset
-        conv[c.dst, :, :w].copy_(conv[c.conv_src, :, c.conv_offset:])
+        src = conv[c.conv_src, :, c.conv_offset:]
+        conv[c.dst, :, :w].copy_(src.clone() if c.conv_src == c.dst else src)  # a block's window shifted in place
         if c.ssm_src != c.dst:
             ssm[c.dst].copy_(ssm[c.ssm_src])

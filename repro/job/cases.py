@@ -48,8 +48,8 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
     and the chain's baseline again with K = DEFAULT_SPEC draft tokens a decode in each mode with a
     FULL decode graph. `spec_tokens` given: every case runs at that K. Each hazard case runs the
     sequence its hazard needs (`sequence_needs`); every case starts from `stack`'s rules. With a
-    `block_size` (prefix caching, K = 0 only) every case runs with it and the default plan leaves out
-    the rows that need drafts."""
+    `block_size` (prefix caching) every case runs with it and the default plan leaves out the rows
+    whose K is not below it (a block is wider than a decode's drafts: `check_block_size`)."""
     whole = island in ("all", None)
     islands = (["chain"] if (hazards or repairs) else list(DEFAULT_ISLANDS)) if whole else [island]
     modes = [mode_name(mode)] if mode else list(DEFAULT_MODES)
@@ -72,12 +72,13 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
                 cases.append(Case(isl, m, spec_tokens=base_k, stack=stack, block_size=block_size))
     if hazards or repairs or not (whole or island == "chain"):
         return cases
-    if spec_tokens is None and block_size is None:
-        cases += [Case("chain", m, spec_tokens=DEFAULT_SPEC, stack=stack) for m in modes if m != "piecewise"]
+    if spec_tokens is None and (block_size is None or block_size > DEFAULT_SPEC):
+        cases += [Case("chain", m, spec_tokens=DEFAULT_SPEC, stack=stack, block_size=block_size)
+                  for m in modes if m != "piecewise"]
     for m in modes:
         for h in hz.planted(m, streams):
-            if block_size is not None and sequence_needs((h.name,), spec_tokens)[0]:
-                continue  # prefix caching runs K = 0 only
+            if block_size is not None and sequence_needs((h.name,), spec_tokens)[0] >= block_size:
+                continue  # its drafts would cross more than one block boundary
             cases.append(case("chain", m, (h.name,), (), hz.expectation((h.name,), ())))
             if h.repairs:
                 cases.append(case("chain", m, (h.name,), (h.repairs[0],), "clean"))

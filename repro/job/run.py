@@ -23,7 +23,7 @@ from ..model.tiny import default_checkpoint
 from ..progress import for_cases
 from ..report import check_output as check_report_dir
 from ..report import write_report
-from ..scheduler.prefix import NO_SPEC_ALIGN
+from ..scheduler.prefix import check_block_size
 from ..scheduler.sequence import Sequence
 from .cases import check_knobs, default_sequence, plan, run_case
 from .results import WIDTH, device_name, exit_code, format_table, verdict
@@ -128,11 +128,8 @@ def run_command(c: RunConfig) -> int:
     provider = make_provider(c.device)
     cases = plan(c.island, c.mode, c.hazards, c.repairs, provider.supports_streams, c.spec_tokens, c.stack,
                  c.block_size)
-    if c.block_size is not None and seq is None:
-        k = max(case.spec_tokens for case in cases)
-        if k:
-            raise BadInput(f"--block-size {c.block_size} with K = {k} draft tokens: prefix caching with drafts "
-                           + NO_SPEC_ALIGN)
+    if seq is None:
+        check_block_size(c.block_size, max(case.spec_tokens for case in cases), ("--block-size", "--spec-tokens"))
     path = c.model or default_checkpoint(c.cache)
     model = Model(path, provider.device, c.layer, island="moe" if c.island == "moe" else "submod0")
     for flag in model.ckpt.stats.flags:  # loadable but suspicious (e.g. zero weight scales)

@@ -5,11 +5,21 @@ Column j of a request's block-table row holds the state after exactly (j+1)*bloc
 
 - ends a prefill chunk on a block boundary unless it is the prompt's last
   (`aligned_chunk`, `vllm/v1/core/sched/scheduler.py: Scheduler._mamba_block_aligned_split`);
-- gives a request a block for its running column when the column moves, keeps the previous one for
-  the step that copies from it, then retires it (`vllm/v1/core/single_type_kv_cache_manager.py:
-  MambaManager.remove_skipped_blocks`);
-- caches a block under the tokens it covers once a step has filled it, and starts a new request
-  from the longest cached prefix of its tokens (`MambaManager.find_longest_cache_hit`).
+- gives a request a block for its running column when the column moves and one for each of the K
+  speculative columns after it, moving last step's speculative blocks that the window left behind
+  forward instead of taking new ones (`vllm/v1/core/single_type_kv_cache_manager.py:
+  MambaManager.allocate_new_blocks`, `_relocate_speculative_block`);
+- keeps the previous running block for the step that copies from it, and lets a block go once the
+  tokens kept have moved past it (`MambaManager.remove_skipped_blocks`: everything before the
+  block of the last kept token);
+- with drafts, saves the state at a block boundary the kept tokens crossed into that boundary's
+  block after the step (`vllm/v1/worker/mamba_utils.py: postprocess_mamba_align_gpu`, the
+  decision of `postprocess_mamba_fused_kernel`): the scheduler knows a step's kept counts only
+  when the next one is scheduled, so that copy rides on the next step (`post_copies`), ahead of
+  its forward copies, which is where it falls in vLLM's order of state writes too;
+- caches every block the kept tokens have filled under the tokens it covers (`MambaManager.
+  cache_blocks`: a block let go before is the null block and is not cached), and starts a new
+  request from the longest cached prefix of its tokens (`MambaManager.find_longest_cache_hit`).
 
 `BlockPool` approximates `vllm/v1/core/block_pool.py: BlockPool`: blocks with a reference count, a
 free queue that hands out its head and takes freed blocks at its tail (least recently freed first,
@@ -27,8 +37,6 @@ from ..errors import BadInput
 
 MAX_BLOCK_SIZE = 1024
 ALIGN_BLOCKS = 3  # state blocks a request slot adds to the pool with a block size: running, copy source, cached
-NO_SPEC_ALIGN = ("needs vLLM's after-forward state copy of spec decodes (mamba_utils.py: postprocess_mamba_align_gpu), "
-                 "which this runner does not mirror")
 
 
 def aligned_chunk(start: int, n: int, prefill_end: int, block_size: int, max_tokens: int) -> int:
@@ -109,15 +117,33 @@ class BlockPool:
         return -1, None
 
 
-def check_block_size(block_size, spec_tokens: int) -> None:
-    """Prefix caching's block size: None (mode "none"), or 1..MAX_BLOCK_SIZE tokens with K = 0."""
+def check_block_size(block_size, spec_tokens: int, names=("block_size", "spec_tokens")) -> None:
+    """Prefix caching's block size: None (mode "none"), or 1..MAX_BLOCK_SIZE tokens, wider than the
+    K draft tokens, so a decode's 1+K tokens cross one block boundary at most (vLLM's mamba blocks
+    are hundreds of tokens: `vllm/platforms/xpu.py: update_block_size_for_backend` rounds them to a
+    multiple of 64; where more are crossed, `postprocess_mamba_fused_kernel` saves the last only).
+    `names`: what the refusal calls the two (the JSON's fields, or the command line's flags)."""
     if block_size is None:
         return
     if not isinstance(block_size, int) or isinstance(block_size, bool) or not 1 <= block_size <= MAX_BLOCK_SIZE:
-        raise BadInput(f"block_size {block_size!r} must be 1..{MAX_BLOCK_SIZE}")
-    if spec_tokens:
-        raise BadInput(f"block_size {block_size} with spec_tokens {spec_tokens}: prefix caching with drafts "
-                       + NO_SPEC_ALIGN)
+        raise BadInput(f"{names[0]} {block_size!r} must be 1..{MAX_BLOCK_SIZE}")
+    if block_size <= spec_tokens:
+        raise BadInput(f"{names[0]} {block_size} with {names[1]} {spec_tokens}: a block must be wider than the "
+                       "draft tokens (a decode may then cross one block boundary at most)")
+
+
+def saved_boundary(computed: int, kept: int, block_size: int) -> tuple[int, int] | None:
+    """After a spec decode of a request with `computed` tokens before it that kept `kept` of its
+    1+K tokens: (token offset in the step's window, column) of the block boundary to save, or None.
+    `postprocess_mamba_fused_kernel`: the running state covers computed+1 tokens, the kept tokens
+    reach computed+kept; the last block boundary `aligned` at or below that, if the step reached
+    it, holds the state after `aligned` tokens: the window's token aligned-(computed+1) (its
+    column, and the conv window from there), into column aligned // block_size - 1."""
+    running, new = computed + 1, computed + kept
+    aligned = new // block_size * block_size
+    if aligned < running:
+        return None
+    return aligned - running, aligned // block_size - 1
 
 
 class AlignedBlocks:
@@ -130,11 +156,11 @@ class AlignedBlocks:
         computed), else from nothing; its running block is placed when its chunk is (`_place`)."""
         self._waiting.remove(r)
         r.target, r.num_computed, r.decodes, r.num_accepted = r.prefill_len(), 0, 0, 1
-        r.cols, r.run_col = {}, -1
+        r.cols, r.run_col, r.cached = {}, -1, 0
         if block is not None:
             self.pool.hold(block)
             self.pool.hits += 1
-            r.cols[hit], r.num_computed = block, (hit + 1) * self.block_size
+            r.cols[hit], r.num_computed, r.cached = block, (hit + 1) * self.block_size, hit + 1
         self._running.append(r)
 
     def _place(self, r, q: int) -> None:
@@ -145,18 +171,57 @@ class AlignedBlocks:
         bs, k = self.block_size, self.spec_tokens
         curr = running_column(r.num_computed + q, bs)
         r.prev = r.run_col if r.run_col >= 0 else running_column(r.num_computed, bs)
+        # last step's speculative blocks behind the new running column move into the new window
+        # (`_relocate_speculative_block`: scratch blocks, never cached), before any new block
+        moved = [r.cols.pop(j) for j in range(r.run_col + 1, r.run_col + 1 + k) if j < curr and j in r.cols] \
+            if r.run_col >= 0 else []
         for col in range(curr, curr + 1 + k):
             if col not in r.cols:
-                r.cols[col] = self.pool.take()
+                r.cols[col] = moved.pop(0) if moved else self.pool.take()
+        assert not moved, "a window needs as many new blocks as speculative ones it left behind, plus one"
         r.col = curr
         r.blocks = [r.cols.get(j, self.null) for j in range(curr + 1 + k)]
 
-    def _retire(self, r) -> None:
-        """After its step: the columns before the running one are let go (`remove_skipped_blocks`);
-        a filled block stays cached in the pool until it is handed out again."""
-        for col in [c for c in r.cols if c < r.col]:
+    def _retire(self, r, kept: int) -> None:
+        """The columns before the block of the last of `kept` tokens are let go, all but the
+        running one (`remove_skipped_blocks`: only the last kept token's state is needed); a
+        filled block stays cached in the pool until it is handed out again."""
+        for col in [c for c in r.cols if c < running_column(kept, self.block_size) and c != r.col]:
             self.pool.release(r.cols.pop(col))
         r.run_col = r.col
+
+    def _cache_kept(self, r, kept: int) -> None:
+        """Cache each block the first `kept` tokens fill that this request has not cached yet and
+        still holds (`MambaManager.cache_blocks`: a block let go is the null block, skipped)."""
+        for j in range(r.cached, kept // self.block_size):
+            if j in r.cols:
+                self.pool.cache(tuple(self._tokens(r, (j + 1) * self.block_size)), r.cols[j])
+        r.cached = max(r.cached, kept // self.block_size)
+
+    def _settle_aligned(self, r, computed: int, kept: int) -> None:
+        """A running request's spec decode kept `kept` tokens: its boundary state saved, then the
+        columns behind the last kept token let go."""
+        self._post_align(r, computed, kept)
+        self._retire(r, computed + kept)
+
+    def _post_align(self, r, computed: int, kept: int) -> None:
+        """After a spec decode that kept `kept` tokens: the boundary state it reached saved into
+        its column (`saved_boundary`), queued for the next step (`post_copies`); a copy into the
+        running column itself leaves the next step reading it from its start (accepted 1), as the
+        kernel writes `num_accepted_tokens_out`."""
+        at = saved_boundary(computed, kept, self.block_size)
+        if at is None:
+            return
+        bias, dest = at
+        if dest == r.col:
+            r.num_accepted = 1
+            if bias == 0:
+                return  # the state is where it belongs (the kernel's no-op self-copy)
+        self._post.append([r.cols[dest], r.cols[r.col], bias, r.cols[r.col + bias]])
+
+    def _take_post(self) -> list[list[int]]:
+        post, self._post = self._post, []
+        return post
 
     def _tokens(self, r, n: int) -> list[int]:
         return [self._tok(r, p) for p in range(n)]

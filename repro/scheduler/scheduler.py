@@ -10,11 +10,9 @@ MambaBase.get_kv_cache_spec`, `num_speculative_blocks`), and freed blocks are re
 so a new request's blocks hold a finished one's state. An idle data-parallel rank runs dummy steps.
 
 With a block size (prefix caching, vLLM's mamba cache mode "align"; `repro/scheduler/prefix.py`) a
-request's blocks instead grow with its sequence: a block for the running column
-`(seq_len - 1) // block_size` when the column moves, the previous one kept for the step that copies
-from it; prefill chunks end on block boundaries except the prompt's last; a filled block is cached
-under its tokens, and a new request whose first i+1 full blocks of tokens are cached starts at
-(i+1)*block_size from that block (its row `[null]*i + [cached]`). At most `max_seqs` requests run.
+request's blocks instead grow with its sequence, prefill chunks end on block boundaries, filled
+blocks are cached, and a new request may start from the longest cached prefix of its tokens.
+At most `max_seqs` requests run.
 `Scheduler` is the one implementation: `schedule(seq)` drives it over a `Sequence`, and the
 Hypothesis state machine (`repro/search/machine.py`) drives it rule by rule."""
 from __future__ import annotations
@@ -60,6 +58,7 @@ class _Req:
     col: int = 0  # the running column in `blocks` this step (0: mode "none")
     prev: int = -1  # the running column before this step, as the runner sees it
     run_col: int = -1  # the running column after its last step (-1: none since admission)
+    cached: int = 0  # its first blocks cached so far (vLLM's num_cached_block)
 
     def prefill_len(self) -> int:
         """What an admission must compute: the prompt, or everything kept before a preemption
@@ -83,14 +82,13 @@ class Scheduler(AlignedBlocks):
         if not 0 <= spec_tokens <= MAX_SPEC_TOKENS:
             raise BadInput(f"spec_tokens {spec_tokens} must be 0..{MAX_SPEC_TOKENS}")
         check_block_size(block_size, spec_tokens)
-        self.block_size, self.null = block_size, null
+        self.block_size, self.null, self.data_parallel = block_size, null, data_parallel
         self.max_seqs = max_seqs if max_seqs is not None else len(blocks) // (ALIGN_BLOCKS + spec_tokens)
         self.pool = BlockPool(sorted(blocks)) if block_size else None
         self._prefix: dict[int, tuple[int, int]] = {}  # rid -> (rid its first tokens repeat, how many)
         if max_tokens < 1 + spec_tokens:
             raise BadInput(f"max_tokens {max_tokens} cannot hold one decode of 1+{spec_tokens} tokens")
         self.max_tokens, self.spec_tokens, self.vocab, self.seed = max_tokens, spec_tokens, vocab, seed
-        self.data_parallel = data_parallel
         self.free = sorted(blocks)
         if len(self.free) < 1 + spec_tokens:
             raise BadInput(f"{len(self.free)} state blocks cannot hold one request's 1+{spec_tokens}")
@@ -99,6 +97,7 @@ class Scheduler(AlignedBlocks):
         self._running: list[_Req] = []  # holding blocks, in admission order
         self._waiting: list[_Req] = []  # FCFS; a preempted request joins at the end
         self._finished: list[int] = []  # finished or preempted since the last emitted step
+        self._post: list[list[int]] = []  # boundary-state copies for the next step (`_post_align`)
 
     # -- what the caller asks -------------------------------------------------------------------
 
@@ -241,7 +240,8 @@ class Scheduler(AlignedBlocks):
         self._settle(accepted)
         self.tick += 1
         b = StepBatch([], [], [], [], [], step=self.emitted, live_slots=self.owned(), num_computed=[],
-                      prompt_lens=[], draft_lens=[], num_accepted=[], blocks=[], finished=self._finished, dummy=True)
+                      prompt_lens=[], draft_lens=[], num_accepted=[], blocks=[], finished=self._finished, dummy=True,
+                      post_copies=self._take_post())
         self._finished = []
         self.emitted += 1
         return b
@@ -257,7 +257,8 @@ class Scheduler(AlignedBlocks):
         drafts): num_computed advances by `a`, the rejected drafts roll back
         (`Scheduler.update_from_output`: num_computed_tokens -= num_rejected), and `a` is what the
         request's next step reports as num_accepted (`vllm/v1/worker/gpu_model_runner.py:
-        GPUModelRunner._update_states_after_model_execute`)."""
+        GPUModelRunner._update_states_after_model_execute`); with a block size, the boundary state
+        the kept tokens reached is saved and the columns behind them let go (`AlignedBlocks`)."""
         accepted = dict(accepted or {})
         for r in self._running + self._waiting:
             if not r.pending:
@@ -273,10 +274,12 @@ class Scheduler(AlignedBlocks):
             c = r.num_computed
             r.drafted.update(range(c + 1, c + a))
             r.num_computed, r.num_accepted, r.pending = c + a, a, False
+            if self.block_size and r.cols:  # running (a preempted request holds no blocks)
+                self._settle_aligned(r, c, a)
         if accepted:
             raise BadInput(f"request {next(iter(accepted))} had no decode in the previous step to keep tokens of")
 
-    def _admit(self, r: _Req, need: int) -> None:
+    def _admit(self, r: _Req, need: int) -> None:  # without a block size (`_admit_aligned`: with one)
         self._waiting.remove(r)
         r.blocks, self.free = self.free[: 1 + self.spec_tokens], self.free[1 + self.spec_tokens:]
         r.target, r.num_computed, r.decodes, r.num_accepted = need, 0, 0, 1  # InputBatch.add_request: accepted 1
@@ -285,6 +288,8 @@ class Scheduler(AlignedBlocks):
     def _release(self, r: _Req, preempt: bool, arrive: int) -> None:
         self._running.remove(r)
         if self.block_size:
+            if r.pending:  # its decode's boundary state, whatever it keeps: the block may be cached
+                self._post_align(r, r.num_computed, 1)
             for b in r.cols.values():
                 self.pool.release(b)
             r.cols, r.run_col = {}, -1
@@ -306,12 +311,12 @@ class Scheduler(AlignedBlocks):
 
     def _emit(self, rows, t: int) -> StepBatch:
         k, bs = self.spec_tokens, self.block_size
+        post = self._take_post()  # the last step's; this step's own (a released decode's) go with the next
         ids, slots, qlens, init, toks = [], [], [], [], []
         computed, prompts, drafts, accepted, blocks = [], [], [], [], []
-        for r, q, _ in rows if bs else ():
+        for r, q, decode in rows if bs else ():
             self._place(r, q)
-            if (r.num_computed + q) % bs == 0:  # the step fills its running block: cached for the next steps
-                self.pool.cache(tuple(self._tokens(r, r.num_computed + q)), r.cols[r.col])
+            self._cache_kept(r, r.num_computed + (1 if decode else q))  # a decode keeps its first token
         aligned = dict(block_size=bs, state_cols=[r.col for r, _, _ in rows],
                        prev_cols=[r.prev for r, _, _ in rows]) if bs else {}
         for r, q, decode in rows:
@@ -344,12 +349,12 @@ class Scheduler(AlignedBlocks):
                 r.num_accepted = 1
                 if r.num_computed >= r.target and r.decode_steps == 0:
                     self._release(r, False, t + 1)
-        for r, _, _ in rows if bs else ():
+        for r, _, decode in rows if bs else ():
             if r in self._running:
-                self._retire(r)
+                self._retire(r, r.num_computed + decode)  # a decode has kept one token at least
         b = StepBatch(ids, slots, qlens, init, toks, step=self.emitted, live_slots=self.owned(),
                       num_computed=computed, prompt_lens=prompts, draft_lens=drafts, num_accepted=accepted,
-                      blocks=blocks, finished=finished, **aligned)
+                      blocks=blocks, finished=finished, post_copies=post, **aligned)
         self.emitted += 1
         return b
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ..errors import BadInput
-from .prefix import ALIGN_BLOCKS, MAX_BLOCK_SIZE, NO_SPEC_ALIGN
+from .prefix import ALIGN_BLOCKS, MAX_BLOCK_SIZE, check_block_size
 from .scheduler import MAX_SPEC_TOKENS
 
 _REQ = {"rid": (int,), "prompt_len": (int,), "decode_steps": (int,), "arrive": (int,), "preempt_after": (int, None),
@@ -15,7 +15,8 @@ _STEP = ("step", "request_ids", "slots", "query_lens", "has_initial_state", "tok
 # function of K: num_accepted is 1..1+K, draft_lens 0..K.
 _PER_REQUEST = {"num_computed": lambda k: (0, None), "prompt_lens": lambda k: (1, None),
                 "draft_lens": lambda k: (0, k), "num_accepted": lambda k: (1, 1 + k)}
-_STEP_OPTIONAL = ("live_slots", *_PER_REQUEST, "blocks", "finished", "dummy", "block_size", "state_cols", "prev_cols")
+_STEP_OPTIONAL = ("live_slots", *_PER_REQUEST, "blocks", "finished", "dummy", "block_size", "state_cols", "prev_cols",
+                  "post_copies")
 MAX_SLOTS = 4096
 PROMPT_BUDGETS = 64  # a prompt may span this many steps' budgets (chunked prefill)
 
@@ -73,8 +74,10 @@ def check_json(d, source: str = "sequence") -> None:
     num_slots, max_tokens, k = d.get("num_slots", 8), d.get("max_tokens", 16), d.get("spec_tokens", 0)
     bs = d.get("block_size")
     _int(bs, f"{source}: block_size", 1, MAX_BLOCK_SIZE, none=True)
-    if bs is not None and k:
-        raise BadInput(f"{source}: block_size {bs} with spec_tokens {k}: prefix caching with drafts {NO_SPEC_ALIGN}")
+    try:
+        check_block_size(bs, k)
+    except BadInput as e:
+        raise BadInput(f"{source}: {e}") from None
     if max_tokens < 1 + k:
         raise BadInput(f"{source}: max_tokens {max_tokens} cannot hold one decode of 1+spec_tokens = {1 + k} tokens")
     if d.get("tail_dummies", 0) and not d.get("data_parallel", False):
@@ -201,6 +204,13 @@ def _check_step(s, src: str, blocks: int, max_tokens: int, vocab: int, k: int, b
         _slot(v, f"{src}.live_slots[{j}]", blocks)
     for j, v in enumerate(_list(s.get("finished", []), f"{src}.finished")):
         _int(v, f"{src}.finished[{j}]", 0)
+    for j, c in enumerate(_list(s.get("post_copies", []), f"{src}.post_copies")):
+        if bs is None:
+            raise BadInput(f"{src}.post_copies: boundary-state copies need a block_size")
+        if len(_list(c, f"{src}.post_copies[{j}]")) != 4:
+            raise BadInput(f"{src}.post_copies[{j}]: {len(c)} entries, not [dst, conv_src, conv_offset, ssm_src]")
+        for m, v in enumerate(c):
+            _int(v, f"{src}.post_copies[{j}][{m}]", 0, k if m == 2 else blocks)
     _check_request_lists(s, src, n, blocks, k, bs)
 
 

@@ -51,8 +51,9 @@ class Sequence:
         return (ALIGN_BLOCKS if self.block_size else 1) + self.spec_tokens
 
     def copy_slots(self) -> int:
-        """The `num_slots` a layer copy's state cache is built with (it holds num_slots * (1+K) blocks)."""
-        return self.num_slots * self.blocks_per_request() // (1 + self.spec_tokens)
+        """The `num_slots` a layer copy's state cache is built with: it holds num_slots * (1+K) blocks,
+        so rounded up where a block size's pool is not a multiple of 1+K."""
+        return -(-self.num_slots * self.blocks_per_request() // (1 + self.spec_tokens))
 
     def to_json(self) -> dict:
         d = asdict(self)

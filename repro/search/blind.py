@@ -36,7 +36,7 @@ def sequence_shape(o) -> tuple[int, bool]:
     config asks for them (`data_parallel`)."""
     k, dp = sequence_needs(o.hazards, o.spec_tokens)
     if o.spec_tokens is None and is_blind(o):
-        k = 0 if getattr(o, "block_size", None) else BLIND_SPEC  # prefix caching runs K = 0 only
+        k = BLIND_SPEC
     if o.data_parallel is not None:
         dp = o.data_parallel
     return k, dp

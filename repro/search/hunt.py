@@ -30,7 +30,7 @@ from ..model.tiny import default_checkpoint
 from ..progress import for_cases
 from ..report import check_output as check_report_dir
 from ..report import write_report
-from ..scheduler.prefix import NO_SPEC_ALIGN
+from ..scheduler.prefix import check_block_size
 from ..scheduler.sequence import Sequence, request_json
 from .blind import blame_json, blame_lines, blame_minimal, failure, hunt_mode, is_blind, sequence_shape
 from .strategies import sequences as sequence_strategy
@@ -184,7 +184,7 @@ class HuntConfig:
     stack: str = "fixed"  # the stack profile searched (`knobs.stacks`); with no hazard, a blind hunt of it
     spec_tokens: int | None = None  # None: the hazards' own K, else 0 (a blind hunt: `blind.BLIND_SPEC`)
     data_parallel: bool | None = None  # dummy steps in the sequences; None: when a hazard needs them
-    block_size: int | None = None  # prefix caching's block size in the sequences (K = 0 only); None: mode "none"
+    block_size: int | None = None  # prefix caching's block size in the sequences (wider than K); None: mode "none"
     sentinel: int = 0
     max_examples: int | None = None
     profile: str | None = None
@@ -336,9 +336,7 @@ def _hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None]:
     checkpoint = Path(o.model) if o.model else default_checkpoint(o.cache)
     model = Model(checkpoint, provider.device, o.layer, island="moe" if o.island == "moe" else "submod0")
     k, dp = sequence_shape(o)
-    if o.block_size is not None and k:
-        raise BadInput(f"--block-size {o.block_size} with K = {k} draft tokens: prefix caching with drafts "
-                       + NO_SPEC_ALIGN)
+    check_block_size(o.block_size, k, ("--block-size", "--spec-tokens"))
     case = Case(o.island, mode, tuple(o.hazards), tuple(o.repairs), spec_tokens=k, data_parallel=dp, stack=o.stack,
                 block_size=o.block_size)
 
