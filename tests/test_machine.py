@@ -110,3 +110,19 @@ def test_the_machine_with_prefix_caching_reaches_its_edges(model_provider):
                        "rule:admit_shared")
     missing = edges.missing(wanted)
     assert not missing, (missing, dict(edges.counts))
+
+
+def test_the_machine_with_prefix_caching_and_drafts_saves_block_boundaries(model_provider):
+    """With a block size and K = 2 drafts, a dev-profile search stays clean and reaches the
+    boundary-state saves of spec decodes (`postprocess_mamba_align_gpu`), prefix hits and forward
+    copies, with every accepted count."""
+    from repro.search.edges import PREFIX, Edges
+    model, provider = model_provider
+    edges = Edges("full_and_piecewise", 2, 4)
+    # hits are rarer than at K = 0 (the kept-count rule competes with admissions): 150 examples
+    run_state_machine_as_test(lockstep_machine(model, provider, "full_and_piecewise", spec_tokens=2, block_size=4,
+                                               edges=edges), settings=_dev(150))
+    wanted = PREFIX + ("block:boundary-save", "accept:all", "accept:some", "accept:none", "dispatch:FULL",
+                       "rule:admit_shared")
+    missing = edges.missing(wanted)
+    assert not missing, (missing, dict(edges.counts))

@@ -19,7 +19,9 @@ brackets):
 - with a block size (prefix caching): `prefix:hit`, a request whose first chunk starts past
   computed tokens (from a cached block); `block:copy`, a running column that moved, so the state is
   copied forward before the step (`preprocess_mamba`); `chunk:floored`, a prompt chunk that ends
-  on a block boundary before the prompt's end (the scheduler's block-aligned split).
+  on a block boundary before the prompt's end (the scheduler's block-aligned split); with drafts
+  too, `block:boundary-save`, a step that first saves the block-boundary state the last step's
+  kept tokens reached (`postprocess_mamba_align_gpu`).
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ class Edges:
     def see(self, b) -> None:
         c, q = self.counts, 1 + self.k
         self.finished |= bool(b.finished)
+        c["block:boundary-save"] += bool(b.post_copies)
         if b.dummy:  # as `repro.job.triggers` judges the two dummy triggers
             c["dummy"] += 1
             c["dummy-after-decode"] += self.staged
