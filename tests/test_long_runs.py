@@ -40,7 +40,10 @@ def test_the_loud_repair_is_expected_loud(device, tiny_path):
 def test_the_plan_has_every_record_repair_and_every_k_mode():
     cs = long_runs.cases([0, 1], ["none", "piecewise"], False, True, block_sizes=[4])
     assert sum(not c.hazards and c.block_size is None for c in cs) == 4
-    assert {(c.mode, c.spec_tokens) for c in cs if c.block_size == 4} == {("none", 0), ("piecewise", 0)}
+    assert {(c.mode, c.spec_tokens) for c in cs if c.block_size == 4} == {(m, k) for m in ("none", "piecewise")
+                                                                          for k in (0, 1)}
+    assert not [c for c in long_runs.cases([0, 2], ["none"], False, False, block_sizes=[2]) if c.spec_tokens == 2
+                and c.block_size]  # a block no wider than K
     assert {(c.hazards[0], c.repairs[0]) for c in cs if c.hazards} >= {("first-chunk-as-decode", "is-prefilling-first-chunk"),
                                                                        ("fresh-alloc-split-op", "copy-inputs")}
 

@@ -52,10 +52,11 @@ class Row:
 
 
 def cases(ks, modes, dp: bool, repairs: bool, block_sizes=()) -> list[Case]:
-    """Baselines at each K and mode, then with prefix caching at each block size (K = 0: the
-    rebuild refuses a block size with drafts), then each record hazard under each repair."""
+    """Baselines at each K and mode, then with prefix caching at each block size wider than K
+    (`check_block_size`), then each record hazard under each repair."""
     out = [Case("chain", m, spec_tokens=k, data_parallel=dp) for k in ks for m in modes]
-    out += [Case("chain", m, data_parallel=dp, block_size=b) for b in block_sizes for m in modes if 0 in ks]
+    out += [Case("chain", m, spec_tokens=k, data_parallel=dp, block_size=b)
+            for b in block_sizes for k in ks if k < b for m in modes]
     if repairs:
         for h in hz.HAZARDS.values():
             if not h.record or "chain" not in h.islands:
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", default=",".join(MODES).lower(),
                     help="comma separated, vLLM's names (FULL resolves to FULL_AND_PIECEWISE for GDN: run once)")
     ap.add_argument("--block-sizes", default="", help="prefix caching's block sizes, comma separated: each adds "
-                    "K=0 baselines with it (default: none)")
+                    "the baselines of every K below it (default: none)")
     ap.add_argument("--dp", action="store_true", help="baselines with an idle data-parallel rank's dummy steps")
     ap.add_argument("--no-repairs", action="store_true", help="baselines only")
     ap.add_argument("--no-baselines", action="store_true", help="the repair rows only")
