@@ -71,13 +71,15 @@ def _row(stats: dict, doc: dict | None) -> dict:
 def hunt_rates(model: str, device: str, examples: int = 60, stack: str = "fixed", spec_tokens: int | None = None,
                streams: bool = False, quiet: bool = False, log=None, cache=None, block_size: int | None = None) -> dict:
     """{hazard: {told: {...}, blind: {...} | None, blind_why?, skipped?}} for every record hazard; with a
-    `block_size` every hunt runs with prefix caching, and a hazard that needs drafts is skipped."""
+    `block_size` every hunt runs with prefix caching, and a hazard whose drafts are not below it is
+    skipped (`check_block_size`)."""
     out: dict = {}
     with tempfile.TemporaryDirectory(prefix="repro-hunt-rates-") as tmp:
         for h in (h for h in hz.HAZARDS.values() if h.record):
             why = skip_reason(h, streams)
-            if block_size is not None and (spec_tokens if spec_tokens is not None else h.spec_tokens):
-                why = why or "needs draft tokens: --block-size runs K = 0 only"
+            k = spec_tokens if spec_tokens is not None else h.spec_tokens
+            if block_size is not None and k >= block_size:
+                why = why or f"needs {k} draft tokens: a block of {block_size} must be wider"
             if why:
                 out[h.name] = {"skipped": why, "told": None, "blind": None}
                 continue
