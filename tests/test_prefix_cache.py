@@ -5,6 +5,8 @@ hits occur."""
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from repro.control.batch import StepBatch
 from repro.control.builder import Common, GDNMetadataBuilder
@@ -15,6 +17,7 @@ from repro.islands import Model
 from repro.job.cases import Case, default_sequence, run_case
 from repro.scheduler.prefix import BlockPool, aligned_chunk, saved_boundary
 from repro.scheduler.sequence import Request, Sequence
+from repro.search.strategies import sequences
 from repro.capture.runner import EagerRunner
 from tests.refusals import refused
 
@@ -193,6 +196,19 @@ def test_a_window_moves_its_left_behind_speculative_blocks_forward():
             assert set(behind) <= set(window) and len(set(window)) == 3, (ra, rb)
             assert len(set(window) - set(ra)) == 1, (ra, rb)  # one block from the pool
     assert moves >= 4
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(st.integers(0, 3).flatmap(lambda k: sequences(max_requests=6, max_tokens=8, num_slots=3, max_prompt=20,
+                                                      spec_tokens=k, block_size=4)))
+def test_drawn_sequences_with_a_block_size_schedule_and_their_steps_pass_the_schema(seq):
+    """What `repro hunt --block-size 4` draws at K = 0..3 schedules, and every step it makes (rows,
+    running columns, boundary copies) is one the sequence schema accepts."""
+    steps = seq.batches()
+    again = Sequence.from_json({**seq.to_json(), "steps": [b.to_json() for b in steps]})
+    assert [b.to_json() for b in again.batches()] == [b.to_json() for b in steps]
+    if seq.spec_tokens:
+        assert all(r.accept is None or all(1 <= a <= 1 + seq.spec_tokens for a in r.accept) for r in seq.requests)
 
 
 # -- the copies: a hit's state is the state its prefix computed, and replay equals eager ----------

@@ -46,7 +46,7 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
     `spec_tokens` draft tokens a decode, so each request holds 1+K of num_slots * (1+K) state
     blocks; `data_parallel`: the rank runs dummy steps while it has nothing to run. `edges`: counts
     each rule run (`rule:NAME`) and the control-rule edges of each step (`edges.Edges`), over every
-    example the search runs. `block_size`: prefix caching (K = 0), with a rule that admits a
+    example the search runs. `block_size`: prefix caching (wider than K), with a rule that admits a
     request sharing a prefix of an earlier one's prompt (a prefix hit where a whole block matches)."""
     k = spec_tokens
     check_block_size(block_size, k)

@@ -5,7 +5,7 @@ With the defaults (K = 0, no data parallelism) the strategies draw exactly as th
 a saved Hypothesis database still replays. With K > 0 they add the prompt lengths where the
 scheduler's rules have edges (1, 1+K, one past the budget, a last chunk of 1+K) and each
 request's kept counts; `data_parallel` adds dummy steps after the last request; a `block_size`
-(K = 0) adds prompts near multiples of the block size plus 1 and prefixes shared with an earlier
+adds prompts near multiples of the block size plus 1+K and prefixes shared with an earlier
 request, so prefix hits occur."""
 from __future__ import annotations
 
@@ -36,21 +36,25 @@ def requests_st(max_requests: int = 5, max_tokens: int = 8, max_decode: int = 6,
 
 
 def aligned_requests_st(block_size: int, max_requests: int = 5, max_tokens: int = 8, max_decode: int = 6,
-                        max_prompt: int | None = None):
-    """Requests for prefix caching (K = 0): prompts on a block multiple plus 1 (+-1) or any length, and
-    for each, optionally, the request `1 + back` before it whose first tokens it repeats (as many as
-    the shorter prompt has)."""
-    top = max_prompt or max_tokens
-    edges = sorted({max(1, m * block_size + 1 + d) for m in (1, 2, 3) for d in (-1, 0, 1)})
-    req = st.tuples(st.one_of(st.sampled_from(edges), st.integers(1, top)), st.integers(0, max_decode),
-                    st.integers(0, 3), st.one_of(st.none(), st.integers(1, 3)), st.one_of(st.none(), st.integers(0, 3)))
+                        max_prompt: int | None = None, spec_tokens: int = 0):
+    """Requests for prefix caching: prompts on a block multiple plus 1+K (+-1) or any length (with
+    K > 0 also 1 and 1+K, and each request's kept counts), and for each, optionally, the request
+    `1 + back` before it whose first tokens it repeats (as many as the shorter prompt has)."""
+    k, top = spec_tokens, max_prompt or max_tokens
+    edges = sorted({max(1, m * block_size + 1 + k + d) for m in (1, 2, 3) for d in (-1, 0, 1)}
+                   | ({1, 1 + k} if k else set()))
+    parts = [st.one_of(st.sampled_from(edges), st.integers(1, top)), st.integers(0, max_decode), st.integers(0, 3),
+             st.one_of(st.none(), st.integers(1, 3)), st.one_of(st.none(), st.integers(0, 3))]
+    if k:  # K = 0 draws as it always has (a saved Hypothesis database replays)
+        parts.append(st.one_of(st.none(), st.lists(st.integers(1, 1 + k), min_size=1, max_size=4)))
+    req = st.tuples(*parts)
 
     def build(rs):
         out = []
-        for i, (p, d, a, pre, back) in enumerate(rs):
+        for i, (p, d, a, pre, back, *acc) in enumerate(rs):
             of = i - 1 - back if back is not None and i - 1 - back >= 0 else None
             n = min(p, out[of].prompt_len) if of is not None else 0
-            out.append(Request(i, p, d, a, pre, prefix_of=of, prefix_len=n))
+            out.append(Request(i, p, d, a, pre, *acc, prefix_of=of, prefix_len=n))
         return out
     return st.lists(req, min_size=1, max_size=max_requests).map(build)
 
@@ -59,7 +63,7 @@ def sequences(max_requests: int = 5, max_tokens: int = 8, num_slots: int = 4, vo
               max_prompt: int | None = None, spec_tokens: int = 0, data_parallel: bool = False,
               block_size: int | None = None):
     if block_size:
-        reqs = aligned_requests_st(block_size, max_requests, max_tokens, max_prompt=max_prompt)
+        reqs = aligned_requests_st(block_size, max_requests, max_tokens, max_prompt=max_prompt, spec_tokens=spec_tokens)
     else:
         reqs = requests_st(max_requests, max_tokens, max_prompt=max_prompt, spec_tokens=spec_tokens)
     if not data_parallel:
