@@ -253,24 +253,25 @@ def _case_cell(r: CaseResult, before: CaseResult | None) -> str:
 
 
 def format_table(results: list[CaseResult], run: dict | None = None) -> str:
-    """One row a case, then the notes the rows refer to, numbered, each printed whole once; all
-    of it within WIDTH columns (a row's note numbers go on over more lines if they must). No
-    timing: the replay/eager ratio of a lockstep step is mostly the checking's cost; `repro
-    bench` times replay. `run`: a multi-rank run's JSON object; its table has a comm mode column
-    and ends with the failure, if any, and the launch line (ranks, backend, device, provider,
-    comm dtype, time)."""
+    """One row a case (with its K draft tokens a decode), then the notes the rows refer to, numbered,
+    each printed whole once; all of it within WIDTH columns (a row's note numbers go on over more
+    lines if they must). No timing: the replay/eager ratio of a lockstep step is mostly the
+    checking's cost; `repro bench` times replay. `run`: a multi-rank run's JSON object; its table
+    has a comm mode column and ends with the failure, if any, and the launch line (ranks, backend,
+    device, provider, comm dtype, time)."""
     multi = run is not None
-    head = ("island", "comm mode" if multi else "mode", "hazard / +repair", "steps", "result")
+    head = ("island", "comm mode" if multi else "mode", "K", "hazard / +repair", "steps", "result")
     rows, refs, notes = [head], [["notes"]], {}
     for i, r in enumerate(results):
         refs.append(_refs([notes.setdefault(text, len(notes) + 1) for text in _notes_of(r)]))
-        rows.append((r.case.island, r.case.mode, _case_cell(r, results[i - 1] if i else None), str(r.steps),
-                     verdict(r) + (" (probe)" if _probes(r) else "")))
+        rows.append((r.case.island, r.case.mode, str(getattr(r.case, "spec_tokens", 0)),  # a CommCase has none
+                     _case_cell(r, results[i - 1] if i else None),
+                     str(r.steps), verdict(r) + (" (probe)" if _probes(r) else "")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     left = sum(widths) + 2 * len(widths)  # where the notes column starts
     lines = []
     for row, ref in zip(rows, refs):
-        cells = "  ".join(c.rjust(w) if i == 3 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
+        cells = "  ".join(c.rjust(w) if i in (2, 4) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
         numbers = _pack(ref, max(WIDTH - left, 8))
         lines.append((cells + "  " + numbers[0]).rstrip())
         lines += [" " * left + more for more in numbers[1:]]
