@@ -16,6 +16,12 @@ from .prefix import ALIGN_BLOCKS
 from .scheduler import schedule
 
 
+def copy_slots(num_slots: int, blocks_per_request: int, spec_tokens: int) -> int:
+    """The `num_slots` a layer copy is built with so its state cache, num_slots * (1+K) blocks, holds
+    every block of `num_slots` requests: rounded up where a block size's pool is not a multiple of 1+K."""
+    return -(-num_slots * blocks_per_request // (1 + spec_tokens))
+
+
 @dataclass
 class Request:
     rid: int
@@ -51,9 +57,8 @@ class Sequence:
         return (ALIGN_BLOCKS if self.block_size else 1) + self.spec_tokens
 
     def copy_slots(self) -> int:
-        """The `num_slots` a layer copy's state cache is built with: it holds num_slots * (1+K) blocks,
-        so rounded up where a block size's pool is not a multiple of 1+K."""
-        return -(-self.num_slots * self.blocks_per_request() // (1 + self.spec_tokens))
+        """The `num_slots` a layer copy's state cache is built with (`copy_slots`)."""
+        return copy_slots(self.num_slots, self.blocks_per_request(), self.spec_tokens)
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -21,6 +21,7 @@ from ..knobs.hazards import options_for
 from ..lockstep import Lockstep
 from ..scheduler.prefix import ALIGN_BLOCKS, check_block_size
 from ..scheduler.scheduler import Scheduler, block_pool
+from ..scheduler.sequence import copy_slots
 from .edges import Edges
 
 MAX_TOKENS = 8
@@ -74,7 +75,7 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
             # with drafts, a budget that fits every request's decode (vLLM's max_num_batched_tokens is
             # at least max_num_seqs * (1+K)), so running requests stay in the batch together
             budget = max(MAX_TOKENS, num_slots * (1 + k))
-            slots = -(-num_slots * (1 + per_slot) // (1 + k))  # the copies' state cache holds slots * (1+K) blocks
+            slots = copy_slots(num_slots, 1 + per_slot, k)
             self.ls = Lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=kernel_sentinel, spec_tokens=k),
                                provider, mode=mode, opts=opts, max_tokens=max(MAX_TOKENS * 2, budget),
                                max_num_seqs=num_slots)

@@ -14,6 +14,11 @@ from hypothesis import strategies as st
 from ..scheduler.sequence import Request, Sequence
 
 
+def kept_counts_st(k: int):
+    """A request's kept counts (1..1+K a spec decode, cycled), or None: every draft kept."""
+    return st.one_of(st.none(), st.lists(st.integers(1, 1 + k), min_size=1, max_size=4))
+
+
 def requests_st(max_requests: int = 5, max_tokens: int = 8, max_decode: int = 6, max_prompt: int | None = None,
                 spec_tokens: int = 0):
     if spec_tokens == 0:
@@ -29,8 +34,7 @@ def requests_st(max_requests: int = 5, max_tokens: int = 8, max_decode: int = 6,
     req = st.builds(
         lambda p, d, a, pre, acc: (p, d, a, pre, acc),
         st.one_of(st.sampled_from(edges), st.integers(1, top)), st.integers(0, max_decode), st.integers(0, 3),
-        st.one_of(st.none(), st.integers(1, 3)),
-        st.one_of(st.none(), st.lists(st.integers(1, 1 + k), min_size=1, max_size=4)))
+        st.one_of(st.none(), st.integers(1, 3)), kept_counts_st(k))
     return st.lists(req, min_size=1, max_size=max_requests).map(
         lambda rs: [Request(i, p, d, a, pre, acc) for i, (p, d, a, pre, acc) in enumerate(rs)])
 
@@ -46,7 +50,7 @@ def aligned_requests_st(block_size: int, max_requests: int = 5, max_tokens: int 
     parts = [st.one_of(st.sampled_from(edges), st.integers(1, top)), st.integers(0, max_decode), st.integers(0, 3),
              st.one_of(st.none(), st.integers(1, 3)), st.one_of(st.none(), st.integers(0, 3))]
     if k:  # K = 0 draws as it always has (a saved Hypothesis database replays)
-        parts.append(st.one_of(st.none(), st.lists(st.integers(1, 1 + k), min_size=1, max_size=4)))
+        parts.append(kept_counts_st(k))
     req = st.tuples(*parts)
 
     def build(rs):
