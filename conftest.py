@@ -36,28 +36,19 @@ def pytest_configure(config):
     from repro.search.hunt import register_profiles, settings
     register_profiles(_cache())  # ci / dev / soak (not registered at import)
     settings.load_profile(config.getoption("--hypothesis-profile-name"))
-    _import_everything()
+    _no_local_constants()
 
 
-def _import_everything() -> None:
-    """Import every module of `repro` and `kernels` before any test runs. Hypothesis draws some
-    values from the literals of the local modules loaded so far (`hypothesis.internal.conjecture.
-    providers._get_local_constants`), so a derandomised search would otherwise generate different
-    examples depending on which tests ran before it and what they imported."""
-    import importlib
-    import pkgutil
-
-    import kernels
-    import repro
-    for pkg in (repro, kernels):
-        for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
-            if m.name.endswith("__main__"):  # `python -m repro` runs the command line
-                continue
-            try:
-                importlib.import_module(m.name)
-            except ModuleNotFoundError as e:  # an optional provider's library (triton, fla, ipex)
-                if e.name.split(".")[0] in ("repro", "kernels"):
-                    raise
+def _no_local_constants() -> None:
+    """Hypothesis draws some values (5% of draws) from the literals of the local modules loaded so
+    far (`hypothesis.internal.conjecture.providers._get_local_constants`). A derandomised search
+    would then generate other examples whenever a literal anywhere in `repro` changes, or when
+    tests run in another order and import other modules first. Tests draw from Hypothesis's own
+    constants alone, so a search depends on its test, its strategies and the Hypothesis version
+    (pinned in the `test` extra). Hypothesis releases without local constants have nothing to pin."""
+    from hypothesis.internal.conjecture import providers
+    if hasattr(providers, "_get_local_constants"):
+        providers._get_local_constants = providers.Constants
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,7 +7,8 @@ import torch
 
 from repro.control.batch import StepBatch
 from repro.control.builder import Common, GDNMetadataBuilder, common_for, draft_counts, split_non_spec
-from repro.control.dispatch import BatchDescriptor, Dispatcher, capture_sizes, uniform_decode
+from repro.control.dispatch import (DEFAULT_SIZES, BatchDescriptor, Dispatcher, capture_sizes, default_capture_sizes,
+                                    uniform_decode)
 from repro.control.input_batch import InputBatch
 from repro.control.modes import MODES, Runtime, mode_name, parse_mode
 from repro.errors import BadInput
@@ -56,6 +57,26 @@ def test_capture_sizes_are_rounded_up_to_multiples_of_1_plus_k_under_a_full_deco
     assert capture_sizes((1, 2, 4, 8, 16), parse_mode("full"), K) == (3, 6, 9)
     assert capture_sizes((1, 2, 4, 8, 16), parse_mode("piecewise"), K) == (1, 2, 4, 8, 16)
     assert capture_sizes((1, 2, 4, 8, 16), parse_mode("full"), 0) == (1, 2, 4, 8, 16)
+
+
+def test_the_default_capture_list_is_vllms_grid_under_its_ceilings():
+    """`_set_cudagraph_sizes`: 1, 2, 4, steps of 8, then of 16, up to min(max_num_seqs*(1+k)*2, 512)
+    and the step budget; the budget itself and the uniform-decode sizes n*(1+k) are added."""
+    assert default_capture_sizes(8, 16, 0) == DEFAULT_SIZES
+    big = default_capture_sizes(256, 8192, 0)
+    assert big == (1, 2, 4, *range(8, 256, 8), *range(256, 513, 16))
+    assert default_capture_sizes(4, 16, 0) == (1, 2, 4, 8)  # the ceiling is 4 * 2, under the budget
+    assert default_capture_sizes(8, 12, 0) == (1, 2, 4, 8, 12)  # the budget is the ceiling, captured
+    assert default_capture_sizes(8, 16, K) == (1, 2, 3, 4, 6, 8, 12, 16)  # 3, 6, 12: 1, 2, 4 decodes
+    assert default_capture_sizes(8, 48, K) == (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 40, 48)
+    spec = default_capture_sizes(256, 8192, 1)  # decode sizes 2n reach 512 only through the request grid
+    assert 2 * 248 in spec and 2 * 256 in spec and 2 * 250 not in spec and max(spec) == 512
+
+
+def test_the_default_list_rounded_for_drafts_covers_every_step_when_the_budget_allows():
+    full = parse_mode("full")
+    assert capture_sizes(default_capture_sizes(8, 16, K), full, K) == (3, 6, 9, 12)  # 18 is over 16: dropped
+    assert capture_sizes(default_capture_sizes(8, 48, K), full, K) == (3, 6, 9, 12, 18, 24, 33, 42, 48)
 
 
 def test_a_uniform_full_key_exists_for_n_times_1_plus_k_tokens():

@@ -46,6 +46,8 @@ def test_the_plan_has_every_record_repair_and_every_k_mode():
                 and c.block_size]  # a block no wider than K
     assert {(c.hazards[0], c.repairs[0]) for c in cs if c.hazards} >= {("first-chunk-as-decode", "is-prefilling-first-chunk"),
                                                                        ("fresh-alloc-split-op", "copy-inputs")}
+    blocks_only = long_runs.cases([0, 1], ["none"], False, False, block_sizes=[4], plain=False)
+    assert [(c.spec_tokens, c.block_size) for c in blocks_only] == [(0, 4), (1, 4)]  # --no-baselines keeps them
 
 
 def test_main_exits_0_when_clean_and_1_when_a_row_is_not(capsys, monkeypatch):

@@ -51,10 +51,10 @@ class Row:
         return self.clean if self.expect == "clean" else self.failure is not None
 
 
-def cases(ks, modes, dp: bool, repairs: bool, block_sizes=()) -> list[Case]:
-    """Baselines at each K and mode, then with prefix caching at each block size wider than K
-    (`check_block_size`), then each record hazard under each repair."""
-    out = [Case("chain", m, spec_tokens=k, data_parallel=dp) for k in ks for m in modes]
+def cases(ks, modes, dp: bool, repairs: bool, block_sizes=(), plain: bool = True) -> list[Case]:
+    """Baselines at each K and mode (`plain`), then with prefix caching at each block size wider
+    than K (`check_block_size`), then each record hazard under each repair."""
+    out = [Case("chain", m, spec_tokens=k, data_parallel=dp) for k in ks for m in modes] if plain else []
     out += [Case("chain", m, spec_tokens=k, data_parallel=dp, block_size=b)
             for b in block_sizes for k in ks if k < b for m in modes]
     if repairs:
@@ -106,7 +106,8 @@ def main(argv=None) -> int:
                     "the baselines of every K below it (default: none)")
     ap.add_argument("--dp", action="store_true", help="baselines with an idle data-parallel rank's dummy steps")
     ap.add_argument("--no-repairs", action="store_true", help="baselines only")
-    ap.add_argument("--no-baselines", action="store_true", help="the repair rows only")
+    ap.add_argument("--no-baselines", action="store_true",
+                    help="no baselines without a block size (the repair rows, and those of --block-sizes)")
     ap.add_argument("--shard", default="0/1", help="I/N: run rows I, I+N, ... of the plan (N processes share a "
                     "machine whose steps are host-bound)")
     a = ap.parse_args(argv)
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
     modes = list(dict.fromkeys(mode_name(m) for m in a.modes.split(",")))
     i, n = (int(x) for x in a.shard.split("/"))
     blocks = [int(b) for b in a.block_sizes.split(",") if b]
-    todo = cases([] if a.no_baselines else ks, modes, a.dp, not a.no_repairs, blocks)[i::n]
+    todo = cases(ks, modes, a.dp, not a.no_repairs, blocks, plain=not a.no_baselines)[i::n]
     print(f"# {len(todo)} runs of {a.steps} steps, seed {a.seed}, {a.preset}, kernels {a.kernels}, "
           f"{provider.name} on {provider.device}", flush=True)
     bad = 0

@@ -115,12 +115,15 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
     each (default: the device's, `reference_copy.default_every`); a row says how many steps the
     third copy ran. The moe island has no third copy: one "reference" row, the device check.
     `spec_tokens` K > 0: each chain case runs again on the seed's sequence with K draft tokens a
-    decode (spec decodes, seeded acceptance, 1+K-token prompts), its rows beside K = 0's."""
+    decode (spec decodes, seeded acceptance, 1+K-token prompts), its rows beside K = 0's. That
+    sequence's step budget is K = 0's times 1+K, so a step holds as many requests, and vLLM's default
+    capture list (`default_capture_sizes`) reaches its budget, as K = 0's reaches 16."""
     every = tuple(every) if every else (default_every(provider.device),)
     log = log or (lambda s: None)
     seqs = {0: default_sequence(seed, steps, vocab=model.cfg.vocab_size)}
     if spec_tokens:
-        seqs[spec_tokens] = default_sequence(seed, steps, vocab=model.cfg.vocab_size, spec_tokens=spec_tokens)
+        seqs[spec_tokens] = default_sequence(seed, steps, vocab=model.cfg.vocab_size, spec_tokens=spec_tokens,
+                                             max_tokens=seqs[0].max_tokens * (1 + spec_tokens))
     runs = [(island, mode, k) for island, mode in cases for k in (seqs if island == "chain" else (0,))]
     out: dict = {"checkpoint": str(model.path), "device": device_name(provider), "provider": provider.name,
                  "steps": steps, "target_steps_per_s": TARGET_STEPS_PER_S,

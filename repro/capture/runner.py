@@ -30,7 +30,7 @@ import torch
 
 from ..control.batch import StepBatch, StepInputs
 from ..control.builder import Common, GDNMetadataBuilder, common_for
-from ..control.dispatch import DEFAULT_SIZES, BatchDescriptor, Dispatcher, uniform_decode
+from ..control.dispatch import DEFAULT_SIZES, BatchDescriptor, Dispatcher, default_capture_sizes, uniform_decode
 from ..control.input_batch import InputBatch
 from ..control.modes import GraphMode, Runtime, parse_mode
 from ..control.prefix import copy_states, forward_copies
@@ -97,14 +97,17 @@ class GraphRunner:
     replays and reads back, `rules` how its control path decides; nothing here reads a hazard's
     name. Its parts: the persistent batch (`InputBatch`), the dispatcher, the metadata builder, the
     persistent inputs (`StaticInputs`), the capture of each key (`ChainCapture`) and the replay and
-    host read (`Replayer`)."""
+    host read (`Replayer`). `sizes`: the capture list asked for; None: vLLM's default list for
+    `max_num_seqs` requests and a step budget of `max_tokens` (`default_capture_sizes`)."""
 
-    def __init__(self, copy: LayerCopy, provider, mode: str | GraphMode = "piecewise", sizes=DEFAULT_SIZES,
+    def __init__(self, copy: LayerCopy, provider, mode: str | GraphMode = "piecewise", sizes=None,
                  opts: RunnerOptions = RunnerOptions(), max_tokens: int = 64, stream=None,
                  rules: ControlRules = ControlRules(), max_num_seqs: int = 8):
         self.copy, self.provider, self.opts, self.rules = copy, provider, opts, rules
         self.mode = mode if isinstance(mode, GraphMode) else parse_mode(mode)
         self.k, self.sentinel = copy.spec_tokens, copy.cache.sentinel
+        if sizes is None:  # none configured: vLLM's default list for this runner
+            sizes = default_capture_sizes(max_num_seqs, max_tokens, self.k)
         self.dispatcher = Dispatcher(self.mode, sizes, self.k, max_num_seqs)
         self.sizes = self.dispatcher.sizes
         top = max(self.sizes, default=1)

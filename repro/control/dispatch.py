@@ -4,6 +4,8 @@
   rule of its own (`ControlRules.uniform_decode`): by shape (0.33.0's V1 runner), or the shape and
   every request past its prompt (the fixed form, vLLM PR #53059), or no uniform decode for a hybrid
   model's batch with a prefill (vLLM PR #47123).
+- `default_capture_sizes`: `vllm/config/vllm.py: VllmConfig._set_cudagraph_sizes`, the list a runner
+  captures when none is configured (default performance mode, a platform ceiling of 512 tokens).
 - `capture_sizes`: `CompilationConfig.adjust_cudagraph_sizes_for_spec_decode`: with a FULL decode
   mode and 1+k > 1, every size is rounded up to a multiple of 1+k, and sizes above the largest
   one asked for are dropped (the V1 runner only).
@@ -22,7 +24,31 @@ from dataclasses import dataclass, replace
 from ..knobs.options import UniformDecode
 from .modes import GraphMode, Runtime
 
-DEFAULT_SIZES = (1, 2, 4, 8, 16)
+DEFAULT_SIZES = (1, 2, 4, 8, 16)  # vLLM's default list for 8 requests and a 16-token step budget at K = 0
+PLATFORM_CEILING = 512  # `default_max_graph_size` (1024 only on compute capability 10.x)
+
+
+def _grid(top: int) -> set[int]:
+    """1, 2, 4, then steps of 8 below 256, then steps of 16, up to `top`."""
+    return {n for n in (1, 2, 4) if n <= top} | set(range(8, min(top + 1, 256), 8)) | set(range(256, top + 1, 16))
+
+
+def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int) -> tuple[int, ...]:
+    """`_set_cudagraph_sizes` with no sizes configured: the token grid up to
+    min(max_num_seqs * (1+k) * 2, 512, the step budget), the step budget itself where it fits, and
+    the uniform-decode sizes n * (1+k) for request counts n on the same grid up to max_num_seqs
+    (with k = 0: max_num_seqs alone), each within both ceilings. A FULL decode mode with k > 0
+    then rounds these (`capture_sizes`)."""
+    q = 1 + spec_tokens
+    ceiling = min(max_num_seqs * q * 2, PLATFORM_CEILING)
+    if q > 1:
+        reqs = min(max_num_seqs, PLATFORM_CEILING)
+        decode = {n * q for n in _grid(reqs) | {reqs} if n * q <= ceiling}
+    else:
+        decode = {max_num_seqs} if max_num_seqs <= ceiling else set()
+    ceiling = min(max_num_batched_tokens, ceiling)
+    sizes = _grid(ceiling) | ({max_num_batched_tokens} if max_num_batched_tokens <= ceiling else set())
+    return tuple(sorted(sizes | {s for s in decode if s <= max_num_batched_tokens}))
 
 
 def pad_size(n: int, sizes) -> int | None:

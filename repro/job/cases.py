@@ -9,7 +9,7 @@ import random
 from dataclasses import replace
 
 from ..knobs import hazards as hz
-from ..control.dispatch import DEFAULT_SIZES
+from ..control.dispatch import DEFAULT_SIZES, default_capture_sizes
 from ..control.modes import DEFAULT_MODES, mode_name
 from ..errors import BadInput
 from ..islands import Model, Runs, kind
@@ -85,14 +85,15 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
     return cases
 
 
-def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 0, sizes=DEFAULT_SIZES,
+def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 0, sizes=None,
              trace=None, progress=None, strict: bool = False, amplify: bool = True,
              reference_every: int | None = None, rules=None) -> CaseResult:
     """One case in lockstep. `strict`: batch variance and nondeterminism fail the case as well.
     `amplify` False: stream races are left to their natural timing (`race.py`). `reference_every`:
     run the independent reference copy every N steps (0: never; None: `reference_copy.default_every`).
     `rules` (a `ControlRules`): the control rules to run with instead of the case's own (the blind
-    hunt's blame reruns a minimal sequence with single rules set to their fixed form)."""
+    hunt's blame reruns a minimal sequence with single rules set to their fixed form). `sizes`: the
+    capture list; None: vLLM's default for the sequence's request slots and step budget."""
     opts = hz.options_for(case.hazards, case.repairs, case.stack)
     if rules is not None:
         opts = replace(opts, control=rules)
@@ -103,7 +104,7 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
     copy_sentinel = opts.sentinel(sentinel)  # a hazard may give the kernels another sentinel
     batches = None
     if k.runs is Runs.ALONE:
-        res = run_moe_lockstep(model, provider, seq.batches(), sizes=sizes)
+        res = run_moe_lockstep(model, provider, seq.batches(), sizes=sizes or DEFAULT_SIZES)
     else:
         usable = None if copy_sentinel == 0 else range(seq.num_slots)
         batches = seq.batches(usable)
@@ -112,6 +113,7 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
                                    if hz.HAZARDS[h].reference_every is not None), default=None)
         every = default_every(provider.device) if reference_every is None else reference_every
         spec, slots = getattr(seq, "spec_tokens", 0), seq.copy_slots()  # a block size's pool is larger
+        sizes = sizes or default_capture_sizes(seq.num_slots, seq.max_tokens, spec)
         ref = ReferenceCopy(independent_copy(model, slots, copy_sentinel, spec), every) if every > 0 else None
         res = run_lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=copy_sentinel, spec_tokens=spec),
                            provider, batches, mode=case.mode, opts=opts, sizes=sizes, trace=trace, progress=progress,
@@ -181,7 +183,7 @@ def case_sequence(case: Case, seed: int, steps: int) -> Sequence:
 
 
 def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512, spec_tokens: int = 0,
-                     data_parallel: bool = False, block_size: int | None = None) -> Sequence:
+                     data_parallel: bool = False, block_size: int | None = None, max_tokens: int = 16) -> Sequence:
     """The seeded sequence's first `steps` scheduler steps: one sequence per seed, cut, so a
     shorter run is the start of a longer one (a divergence at step 12 of a 30-step run is the
     last step of a 13-step run).
@@ -193,7 +195,7 @@ def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512
     stream = request_stream(seed, spec_tokens=spec_tokens, data_parallel=data_parallel, block_size=block_size)
     reqs = list(itertools.islice(stream, steps // 2 + 8))
     kw = dict(num_slots=num_slots, vocab=vocab, seed=seed, max_steps=steps, spec_tokens=spec_tokens,
-              data_parallel=data_parallel, block_size=block_size)
+              data_parallel=data_parallel, block_size=block_size, max_tokens=max_tokens)
     while True:
         seq = Sequence(reqs, **kw)
         batches = seq.batches()

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
-from ..control.dispatch import DEFAULT_SIZES
 from ..capture.runner import EagerRunner, GraphRunner
 from ..check.compare import (CORRUPTION, KERNEL_FINDINGS, ROUTING_TIE, UNOWNED, WEIGHTS, Divergence, compare_step,
                              digest, max_abs, row_owner)
@@ -131,7 +130,7 @@ class Lockstep:
         self.eager_copy = make_copy(opts.eager_island)
         self.replay_copy = make_copy(opts.replay_island)
         self.eager = EagerRunner(self.eager_copy, opts.control)
-        self.graph = GraphRunner(self.replay_copy, provider, mode=mode, sizes=sizes or DEFAULT_SIZES,
+        self.graph = GraphRunner(self.replay_copy, provider, mode=mode, sizes=sizes,
                                  opts=opts.runner, max_tokens=max_tokens, rules=opts.control,
                                  max_num_seqs=max_num_seqs)
         self.probe = ChainProbe(make_copy(opts.eager_island), self.graph)

@@ -18,7 +18,7 @@ from .standalone.generate import GenerationError, render_script, script_options
 from .load import kernel_sentinel, standalone_gap
 from ..control.modes import Runtime, parse_mode
 from ..model.config import TINY
-from ..control.dispatch import DEFAULT_SIZES
+from ..control.dispatch import default_capture_sizes
 from ..islands import kind
 from .standalone.generate import needs
 
@@ -124,7 +124,9 @@ def build_spec(doc, r, steps, seqj, model, sentinel, title, weights) -> dict:
             "default_repairs": default_repairs(r), "knobs": knobs(),
             "families": sorted(kind(r["island"]).eager),
             "mode": r["mode"], "rules": rules(r), "island": r["island"], "sentinel": kernel_sentinel(r, sentinel),
-            "sizes": list(DEFAULT_SIZES), "num_slots": seqj.get("num_slots", 8),
+            "sizes": list(default_capture_sizes(seqj.get("num_slots", 8), seqj.get("max_tokens", 16),
+                                                seqj.get("spec_tokens", 0))),
+            "num_slots": seqj.get("num_slots", 8),
             "max_tokens": max([seqj.get("max_tokens", 16)] + [len(s["token_ids"]) for s in steps]),
             "config": c, "quantised": q, "weights": weights,
             "embed_ids": sorted({t for s in steps for t in s["token_ids"]} | {0}), "steps": steps,

@@ -78,7 +78,8 @@ def lockstep_machine(model, provider, mode="piecewise", hazards=(), repairs=(), 
             slots = copy_slots(num_slots, 1 + per_slot, k)
             self.ls = Lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=kernel_sentinel, spec_tokens=k),
                                provider, mode=mode, opts=opts, max_tokens=max(MAX_TOKENS * 2, budget),
-                               max_num_seqs=num_slots)
+                               max_num_seqs=num_slots, sizes=DEFAULT_SIZES)  # configured, as `Edges` and
+            # `drop_capture` take them
             self.sched = Scheduler(budget, block_pool(num_slots, per_slot, 1 if kernel_sentinel == 0 else 0), k,
                                    model.cfg.vocab_size, seed=0, data_parallel=data_parallel, block_size=block_size,
                                    max_seqs=num_slots)
