@@ -96,9 +96,6 @@ def _refuse_ignored(c: RunConfig, comm_run: bool) -> None:
         raise BadInput(f"--trace: island {island} writes no trace lines (only the chain islands do); leave --trace out")
     if comm_run and c.block_size is not None:
         raise BadInput(f"--block-size {c.block_size}: island forced_comm holds no GDN state to cache")
-    if c.block_size is not None and c.report:
-        raise BadInput(f"--block-size {c.block_size}: --report's standalone script does not make prefix caching's "
-                       "forward state copies yet (run without --report)")
     if comm_run and c.mode:
         raise BadInput(f"--mode {c.mode}: island forced_comm has no capture mode to choose (its comm mode follows "
                        "the hazards and repairs)")

@@ -42,18 +42,34 @@ def check_result(doc, name: str = "the result") -> None:
         raise BadInput(f"{name} has no request sequence (`sequence` or `minimal_sequence`)")
 
 
+def _hand_written(hazards=None) -> str:
+    """The torch-only reproducers written by hand (the hazard table's `script`), for `hazards` or all."""
+    rows = [h for h in hz.HAZARDS.values() if h.script and (hazards is None or h.name in hazards)]
+    return "; ".join(f"python3 {h.script} ({h.cases.split(',')[0].split(' (')[0]})" for h in rows)
+
+
 def standalone_gap(r: dict) -> str | None:
-    """Why no standalone script can be generated for result `r` (None: it can)."""
+    """Why no standalone script can be generated for result `r` (None: it can). The generated
+    script drives steps without draft tokens, dummy steps or prefix caching; where a hazard has a
+    hand-written reproducer, the reason names it."""
     if r["island"] not in hz.CHAIN_ISLANDS:
         return f"island {r['island']} is not rebuilt by the standalone script yet (it covers the GDN layer chain)"
     bad = [h for h in r["hazards"] if not hz.HAZARDS[h].standalone]
     if bad:
         have = ", ".join(h.name for h in hz.HAZARDS.values() if h.standalone)
+        own = _hand_written(bad)
         return (f"hazard {', '.join(bad)}: no standalone script is generated for it yet (the script reproduces "
-                f"{have} and baseline divergences)")
+                f"{have} and baseline divergences)" + (f"; its hand-written reproducer: {own}" if own else ""))
     bad = [x for x in r["repairs"] if not hz.REPAIRS[x].standalone]
     if bad:
         return f"repair {', '.join(bad)} is not rebuilt by the standalone script yet"
+    lacks = [what for what, on in ((f"k={r.get('spec_tokens')} draft tokens", r.get("spec_tokens")),
+                                   ("an idle rank's dummy steps", r.get("data_parallel")),
+                                   (f"prefix caching (block size {r.get('block_size')})", r.get("block_size")))
+             if on]
+    if lacks:
+        return (f"the standalone script drives steps without draft tokens, dummy steps or prefix caching; this "
+                f"result has {' and '.join(lacks)} (hand-written reproducers: {_hand_written()})")
     return None
 
 

@@ -311,9 +311,6 @@ def _check(o: HuntConfig) -> tuple[str, Path]:
     if o.island == "forced_comm":
         raise BadInput("hunt does not search forced_comm (it runs on several ranks): use "
                        "`repro run --island forced_comm --tp N`")
-    if o.block_size is not None and o.report:
-        raise BadInput(f"--block-size {o.block_size}: --report's standalone script does not make prefix caching's "
-                       "forward state copies yet (hunt without --report)")
     if o.force and not o.report:
         raise BadInput("--force: only with --report (it lets a report replace what repro wrote in DIR before)")
     mode = hunt_mode(o, default_mode(o.hazards))
