@@ -205,3 +205,33 @@ def test_common_for_reads_a_step_as_the_runner_does():
     c = common_for(b, np.asarray(b.blocks, dtype=np.int32), pad_rows=1)
     assert c.query_lens.tolist() == [3, 3, 0] and c.drafts.tolist() == [2, -1, -1]
     assert c.prefilling.tolist() == [False, True, False] and c.accepted.tolist() == [2, 1, 1]
+
+
+# ---- the fixed stack's uniform-decode rule (vLLM PR #51865) against PR #53059's ------------------
+def _resumed_recompute_tail():
+    """A preempted request (prompt 8) resumed: its recompute covers the prompt and the 9 tokens it
+    kept, and this step is the recompute's last chunk, 3 = 1+K tokens, from 14 computed."""
+    return StepBatch([7], [1], [3], [True], [1, 2, 3], num_computed=[14], prompt_lens=[8], prefill_lens=[17],
+                     draft_lens=[0], num_accepted=[1])
+
+
+def test_a_resumed_requests_last_recompute_chunk_of_1_plus_k_is_uniform_under_53059_not_under_51865():
+    from repro.control.dispatch import prefilling
+    b = _resumed_recompute_tail()
+    assert uniform_decode(UniformDecode.PAST_PROMPT, b.query_lens, prefilling(UniformDecode.PAST_PROMPT, b), K)
+    assert uniform_decode(UniformDecode.NO_HYBRID_PREFILL, b.query_lens,
+                          prefilling(UniformDecode.NO_HYBRID_PREFILL, b), K)
+    assert not uniform_decode(UniformDecode.PHASE_AWARE, b.query_lens, prefilling(UniformDecode.PHASE_AWARE, b), K)
+    assert ControlRules().uniform_decode is UniformDecode.PHASE_AWARE  # the fixed stack's form
+
+
+def test_the_phase_aware_rule_keeps_a_one_token_row_over_context_and_holds_a_first_chunk():
+    """`gather_batch_req_state`: a prefilling row of one new token over existing context stays
+    eligible for the decode graph; a one-token first chunk (nothing computed) does not."""
+    from repro.control.dispatch import prefilling
+    mid = StepBatch([1, 2], [1, 2], [1, 1], [True, True], [5, 6], num_computed=[4, 9], prompt_lens=[6, 9])
+    first = StepBatch([1, 2], [1, 2], [1, 1], [False, True], [5, 6], num_computed=[0, 9], prompt_lens=[6, 9])
+    rule = UniformDecode.PHASE_AWARE
+    assert uniform_decode(rule, mid.query_lens, prefilling(rule, mid), 0)
+    assert not uniform_decode(UniformDecode.PAST_PROMPT, mid.query_lens, prefilling(UniformDecode.PAST_PROMPT, mid), 0)
+    assert not uniform_decode(rule, first.query_lens, prefilling(rule, first), 0)

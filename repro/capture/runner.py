@@ -30,7 +30,8 @@ import torch
 
 from ..control.batch import StepBatch, StepInputs
 from ..control.builder import Common, GDNMetadataBuilder, common_for
-from ..control.dispatch import DEFAULT_SIZES, BatchDescriptor, Dispatcher, default_capture_sizes, uniform_decode
+from ..control.dispatch import (DEFAULT_SIZES, BatchDescriptor, Dispatcher, default_capture_sizes, prefilling,
+                                uniform_decode)
 from ..control.input_batch import InputBatch
 from ..control.modes import GraphMode, Runtime, parse_mode
 from ..control.prefix import copy_states, forward_copies
@@ -149,7 +150,8 @@ class GraphRunner:
         """The step's runtime mode and graph key (`_determine_batch_execution_and_padding`)."""
         if batch.dummy:  # `_dummy_run(1+k, uniform_decode=True)`: the uniform flag is forced
             return self.dispatcher.dispatch(1 + self.k, True)
-        uniform = uniform_decode(self.rules.uniform_decode, batch.query_lens, batch.is_prefilling(), self.k)
+        rule = self.rules.uniform_decode
+        uniform = uniform_decode(rule, batch.query_lens, prefilling(rule, batch), self.k)
         return self.dispatcher.dispatch(batch.num_tokens, uniform)
 
     def graphable(self, batch: StepBatch) -> int | None:
@@ -203,7 +205,10 @@ class GraphRunner:
         if batch.dummy:
             self._dummy_run(runtime, desc, batch.step)
             return {}
-        if runtime is Runtime.FULL and self.rules.assert_full_past_prompt and any(batch.is_prefilling()):
+        # vLLM PR #55123 asserts every request past its prompt; beside PR #51865's rule (the fixed
+        # stack) it holds the rows that rule holds, so a one-token chunk over context is no error
+        if runtime is Runtime.FULL and self.rules.assert_full_past_prompt and any(
+                prefilling(self.rules.uniform_decode, batch)):
             raise ReplayRefused(f"step {batch.step}: a FULL graph ({desc}) was dispatched for a batch with a request "
                                 "still in its prompt (the replay-side assertion)")
         d = batch.on(c.device)  # this copy's own inputs, one copy from the batch's host buffer

@@ -44,6 +44,9 @@ class StepBatch:
     live_slots: list[int] = field(default_factory=list)  # state blocks still owned after this step
     num_computed: list[int] | None = None  # tokens of the request computed before this step
     prompt_lens: list[int] | None = None  # the request's prompt: still prefilling while num_computed < it
+    # tokens handed to the runner before the request decodes (vLLM V2's prefill_len): its prompt, or
+    # after a preemption the prompt and every token kept before it (None: the prompts)
+    prefill_lens: list[int] | None = None
     draft_lens: list[int] | None = None  # draft tokens at the end of the query (K for a spec decode, else 0)
     num_accepted: list[int] | None = None  # tokens the request's previous step kept (1..1+K; 1 otherwise)
     blocks: list[list[int]] | None = None  # the request's state blocks (running first, then K speculative)
@@ -81,6 +84,9 @@ class StepBatch:
     def is_prefilling(self) -> list[bool]:
         """Each request still in its prompt (vLLM: `num_computed_tokens < num_prompt_tokens`)."""
         return [c < p for c, p in zip(self.computed(), self.prompts())]
+
+    def prefills(self) -> list[int]:
+        return self.prefill_lens if self.prefill_lens is not None else self.prompts()
 
     def drafts(self) -> list[int]:
         return self.draft_lens if self.draft_lens is not None else [0] * self.num_reqs
@@ -173,5 +179,5 @@ class StepBatch:
 
 
 # The fields a step's JSON carries only when they say something (`StepBatch` docstring).
-OPTIONAL = ("num_computed", "prompt_lens", "draft_lens", "num_accepted", "blocks", "finished", "dummy", "block_size",
-            "state_cols", "prev_cols", "post_copies")
+OPTIONAL = ("num_computed", "prompt_lens", "prefill_lens", "draft_lens", "num_accepted", "blocks", "finished", "dummy",
+            "block_size", "state_cols", "prev_cols", "post_copies")

@@ -2,8 +2,9 @@
 
 - `uniform_decode`: `vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode`, as a
   rule of its own (`ControlRules.uniform_decode`): by shape (0.33.0's V1 runner), or the shape and
-  every request past its prompt (the fixed form, vLLM PR #53059), or no uniform decode for a hybrid
-  model's batch with a prefill (vLLM PR #47123).
+  every request past its prompt (vLLM PR #53059), or no uniform decode for a hybrid model's batch
+  with a prefill (vLLM PR #47123), or no request in its prefill phase, a resumed request's
+  recompute included (vLLM PR #51865, the V2 runner's form: the fixed stack's).
 - `default_capture_sizes`: `vllm/config/vllm.py: VllmConfig._set_cudagraph_sizes`, the list a runner
   captures when none is configured (default performance mode, a platform ceiling of 512 tokens).
 - `capture_sizes`: `CompilationConfig.adjust_cudagraph_sizes_for_spec_decode`: with a FULL decode
@@ -68,11 +69,23 @@ class BatchDescriptor:
         return f"{self.num_tokens} tokens{reqs}{', uniform' if self.uniform else ''}"
 
 
+def prefilling(rule: UniformDecode, batch) -> list[bool]:
+    """The requests a fixed form of the rule holds out of a uniform decode: PR #53059's and PR
+    #47123's, each request before its prompt's end (`num_computed_tokens < num_prompt_tokens`);
+    PR #51865's (`gather_batch_req_state`), each in its prefill phase (`num_computed_prefill_tokens <
+    prefill_len`, a resumed request's recompute included) unless its row is one new token over
+    existing context."""
+    if rule is not UniformDecode.PHASE_AWARE:
+        return batch.is_prefilling()
+    return [c < p and not (q - d == 1 and c > 0)
+            for c, p, q, d in zip(batch.computed(), batch.prefills(), batch.query_lens, batch.drafts())]
+
+
 def uniform_decode(rule: UniformDecode, query_lens, prefilling, spec_tokens: int) -> bool:
     """`GPUModelRunner._is_uniform_decode` and its fixed forms (module docstring): the largest
     query is 1+k and the token count is that times the request count; `prefilling[i]`: request i
-    is still in its prompt. The model is hybrid (GDN layers), so PR #47123's rule is the
-    past-prompt test here too."""
+    is held out by the rule's fixed form (`prefilling`). The model is hybrid (GDN layers), so PR
+    #47123's rule is the past-prompt test here too."""
     if not query_lens:
         return False
     q = 1 + spec_tokens

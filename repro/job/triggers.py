@@ -11,7 +11,7 @@ that was reached and showed nothing is a MISSED hazard.
 """
 from __future__ import annotations
 
-from ..control.dispatch import Dispatcher, uniform_decode
+from ..control.dispatch import Dispatcher, prefilling, uniform_decode
 from ..control.modes import Runtime, parse_mode
 from ..knobs import hazards as hz
 
@@ -44,7 +44,7 @@ def _dispatched(batches, mode: str, sizes, hazards, repairs, spec_tokens: int, m
         if b.dummy:
             runtime, desc = d.dispatch(1 + spec_tokens, True)
         else:
-            runtime, desc = d.dispatch(b.num_tokens, uniform_decode(rule, b.query_lens, b.is_prefilling(),
+            runtime, desc = d.dispatch(b.num_tokens, uniform_decode(rule, b.query_lens, prefilling(rule, b),
                                                                     spec_tokens))
         yield i, b, runtime, desc.num_tokens
 

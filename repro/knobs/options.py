@@ -89,6 +89,12 @@ class UniformDecode(str, enum.Enum):
     PAST_PROMPT = "past-prompt"
     # vLLM PR #47123: the shape test, but never for a hybrid model's batch with a request in its prompt
     NO_HYBRID_PREFILL = "no-hybrid-prefill"
+    # vLLM PR #51865 (merged; the V2 runner's `gather_batch_req_state`, `decode_graph_eligible`): the
+    # shape test, and no request in its prefill phase (num_computed < prefill_len, which counts a
+    # preempted request's recompute of its generated tokens), except a row of one new token over
+    # existing context. PR #53059's num_prompt_tokens misses that recompute: a resumed request's last
+    # chunk of 1+k tokens past its prompt is a uniform decode there (found by a soak of this suite).
+    PHASE_AWARE = "phase-aware"
 
 
 class FirstChunk(str, enum.Enum):
@@ -105,7 +111,7 @@ class FirstChunk(str, enum.Enum):
 class ControlRules:
     """The decode control path's rules, each as one vLLM release has it or as its fix has it; the
     defaults are the fixed forms (`control/` mirrors each, citing the function it reads)."""
-    uniform_decode: UniformDecode = UniformDecode.PAST_PROMPT
+    uniform_decode: UniformDecode = UniformDecode.PHASE_AWARE
     # vLLM PR #55123: a FULL replay of a batch with a request still in its prompt raises instead
     assert_full_past_prompt: bool = True
     first_chunk: FirstChunk = FirstChunk.IS_PREFILLING

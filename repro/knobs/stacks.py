@@ -30,7 +30,9 @@ class Stack:
 
 
 _FIXES = {
-    "uniform_decode": "vLLM PR #53059: `_is_uniform_decode` also asks every request to be past its prompt",
+    "uniform_decode": "vLLM PR #51865 (the V2 runner's `gather_batch_req_state`): no uniform decode while a request "
+                      "is in its prefill phase, a resumed request's recompute included (PR #53059's past-prompt "
+                      "check misses that recompute)",
     "assert_full_past_prompt": "vLLM PR #55123: `execute_model` asserts a FULL dispatch has no request in its prompt",
     "first_chunk": "vLLM #51565: `GDNAttentionMetadataBuilder.build` classes a first chunk by `is_prefilling`",
     "clear_finished_row": "vLLM #37728: `InputBatch.remove_request` calls `BlockTable.clear_row`",

@@ -11,10 +11,9 @@ so a new request's blocks hold a finished one's state. An idle data-parallel ran
 
 With a block size (prefix caching, vLLM's mamba cache mode "align"; `repro/scheduler/prefix.py`) a
 request's blocks instead grow with its sequence, prefill chunks end on block boundaries, filled
-blocks are cached, and a new request may start from the longest cached prefix of its tokens.
-At most `max_seqs` requests run.
-`Scheduler` is the one implementation: `schedule(seq)` drives it over a `Sequence`, and the
-Hypothesis state machine (`repro/search/machine.py`) drives it rule by rule."""
+blocks are cached, and a new request may start from the longest cached prefix of its tokens. At
+most `max_seqs` requests run. `Scheduler` is the one implementation: `schedule(seq)` drives it over
+a `Sequence`, and the Hypothesis state machine (`repro/search/machine.py`) drives it rule by rule."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -354,7 +353,8 @@ class Scheduler(AlignedBlocks):
                 self._retire(r, r.num_computed + decode)  # a decode has kept one token at least
         b = StepBatch(ids, slots, qlens, init, toks, step=self.emitted, live_slots=self.owned(),
                       num_computed=computed, prompt_lens=prompts, draft_lens=drafts, num_accepted=accepted,
-                      blocks=blocks, finished=finished, post_copies=post, **aligned)
+                      blocks=blocks, finished=finished, post_copies=post, **aligned,
+                      prefill_lens=None if (pre := [r.target for r, _, _ in rows]) == prompts else pre)  # resumed
         self.emitted += 1
         return b
 

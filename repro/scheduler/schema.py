@@ -13,7 +13,7 @@ _REQ = {"rid": (int,), "prompt_len": (int,), "decode_steps": (int,), "arrive": (
 _STEP = ("step", "request_ids", "slots", "query_lens", "has_initial_state", "token_ids")
 # Per-request lists a step may carry beyond the first five (`StepBatch`), each entry's range as a
 # function of K: num_accepted is 1..1+K, draft_lens 0..K.
-_PER_REQUEST = {"num_computed": lambda k: (0, None), "prompt_lens": lambda k: (1, None),
+_PER_REQUEST = {"num_computed": lambda k: (0, None), "prompt_lens": lambda k: (1, None), "prefill_lens": lambda k: (1, None),
                 "draft_lens": lambda k: (0, k), "num_accepted": lambda k: (1, 1 + k)}
 _STEP_OPTIONAL = ("live_slots", *_PER_REQUEST, "blocks", "finished", "dummy", "block_size", "state_cols", "prev_cols",
                   "post_copies")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..control.dispatch import DEFAULT_SIZES, Dispatcher, uniform_decode
+from ..control.dispatch import DEFAULT_SIZES, Dispatcher, prefilling, uniform_decode
 from ..control.input_batch import InputBatch
 from ..control.modes import parse_mode
 from ..knobs.options import ControlRules, UniformDecode
@@ -83,7 +83,7 @@ class Edges:
         shape = uniform_decode(UniformDecode.SHAPE, b.query_lens, pre, self.k)
         if shape and any(pre):
             c["uniform-shape-prefill"] += 1
-        uniform = uniform_decode(FIXED.uniform_decode, b.query_lens, pre, self.k)
+        uniform = uniform_decode(FIXED.uniform_decode, b.query_lens, prefilling(FIXED.uniform_decode, b), self.k)
         self.staged |= uniform
         c[f"dispatch:{self.dispatcher.dispatch(b.num_tokens, uniform)[0].name}"] += 1
         before = dict(self.rows.row_of)

@@ -295,7 +295,7 @@ SUBMOD1_OUT = ("hidden", "next_normed")
 # batches only (`GDNAttentionMetadataBuilder._cudagraph_support = UNIFORM_BATCH`).
 MODES = {"none": (None, None), "piecewise": ("piecewise", "piecewise"), "full": ("full", "piecewise"),
          "full_decode_only": ("full", None), "full_and_piecewise": ("full", "piecewise")}
-RULE_DEFAULTS = {"uniform_decode": "past-prompt", "first_chunk": "is-prefilling"}
+RULE_DEFAULTS = {"uniform_decode": "phase-aware", "first_chunk": "is-prefilling"}
 
 
 def computed(st):
@@ -329,11 +329,19 @@ def num_decodes(st, rule):
 
 def uniform_decode(st, rule):
     """`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode` with k = 0: every query
-    is one token. `shape` (vLLM 0.33.0) asks only that; the fixed forms (vLLM PR #53059, and PR #47123
-    for a hybrid model such as this one) also need every request past its prompt."""
+    is one token. `shape` (vLLM 0.33.0) asks only that; vLLM PR #53059 (and PR #47123 for a hybrid
+    model such as this one) also need every request past its prompt; `phase-aware` (vLLM PR #51865,
+    the V2 runner's `decode_graph_eligible`) needs no request in its prefill phase (`prefill_lens`: a
+    resumed request's recompute included) unless its row is one new token over existing context."""
     q = st["query_lens"]
     shape = max(q) == 1 and sum(q) == len(q)
-    return shape if rule == "shape" else shape and not any(prefilling(st))
+    if rule == "shape":
+        return shape
+    if rule == "phase-aware":
+        pre = st.get("prefill_lens") or st.get("prompt_lens") or \
+            [1 if h else n for n, h in zip(q, st["has_initial_state"])]
+        return shape and not any(c < p and not (n == 1 and c > 0) for c, p, n in zip(computed(st), pre, q))
+    return shape and not any(prefilling(st))
 
 
 class MetadataBuilder:
