@@ -36,6 +36,8 @@ def test_the_page_has_each_record_bug_and_the_hunts_figures():
     assert "| 0.29 | 2.57 |" in times and "vllm-0.33-mrv1 | 0.41 | 3.23 | `uniform_decode`: vLLM #53051" in times
     assert "not found in 60" in md and "no stack profile sets it" in md
     assert "--json RATES.json" in md and "/tmp/x.json" not in md
+    found = md.split("## Found by this suite", 1)[1]
+    assert "vLLM PR #53059" in found and "tests/test_resumed_recompute.py" in found  # the suite's own finding
 
 
 def test_the_tool_renders_the_table_alone_from_this_tree():

@@ -29,6 +29,20 @@ NOT_EXPRESSED = (
      "writes block 0 rather than being skipped; the rebuild's kernels skip the sentinel they are given."),
 )
 
+# What this suite's own searches found in a fix of the record (candidate upstream reports).
+FOUND_HERE = (
+    ("vLLM PR #53059 (open; the fix proposed for vLLM #53051)",
+     "its check (`num_computed_tokens >= num_prompt_tokens` for every request) lets a preempted request's recompute "
+     "through: the recompute covers the prompt and the tokens kept before the preemption, and when its last chunk is "
+     "exactly 1+k tokens past the prompt the batch is a uniform decode, replays the FULL graph, and the GDN builder, "
+     "in its prefill branch, stages nothing (vLLM #53051's mechanism). PR #47123's rule, as this rebuild reads it, "
+     "has the same hole. The V2 runner's form (vLLM PR #51865, `prefill_len`) does not: the fixed stack uses it. "
+     "Found by `repro hunt --stack fixed --profile soak --spec-tokens 2 --mode full_and_piecewise` on the CPU while "
+     "the fixed stack used PR #53059's form: 4 requests, 7 steps (request 7, prompt 8, preempted after 3 decodes, "
+     "recomputed in chunks of 7, 7 and 3), first divergence step 6 `gdn_core.core_out`; stated by "
+     "`tests/test_resumed_recompute.py`. Not run against vLLM itself."),
+)
+
 CHANGED_IN_034 = (
     "vLLM 0.34.0 removed the V1 model runner (`v1/worker/gpu_model_runner.py`, `gpu_input_batch.py`, "
     "`block_table.py`, `cudagraph_dispatcher.py`): the V2 runner decides uniform decode by phase "
@@ -139,6 +153,7 @@ def markdown(rates: dict | None) -> str:
             "`repro/knobs/stacks.py`.", "", "## The newest release", "", CHANGED_IN_034, "",
             "## What the rebuild cannot express", ""]
     out += [f"- {who}: {what}" for who, what in NOT_EXPRESSED]
+    out += ["", "## Found by this suite", ""] + [f"- {who}: {what}" for who, what in FOUND_HERE]
     if rows:
         out += ["", "## Time to a reproducer", "",
                 "Seconds from a hunt's start (the checkpoint loaded) to the first failing sequence and to the minimal "
