@@ -72,7 +72,8 @@ class BatchDescriptor:
 def prefilling(rule: UniformDecode, batch) -> list[bool]:
     """The requests a fixed form of the rule holds out of a uniform decode: PR #53059's and PR
     #47123's, each request before its prompt's end (`num_computed_tokens < num_prompt_tokens`);
-    PR #51865's (`gather_batch_req_state`), each in its prefill phase (`num_computed_prefill_tokens <
+    PR #51865's (`vllm/v1/worker/gpu/model_runner.py: GPUModelRunner.gather_batch_req_state`, the
+    V2 runner), each in its prefill phase (`num_computed_prefill_tokens <
     prefill_len`, a resumed request's recompute included) unless its row is one new token over
     existing context."""
     if rule is not UniformDecode.PHASE_AWARE:
