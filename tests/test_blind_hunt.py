@@ -89,3 +89,27 @@ def test_the_report_states_the_stack_and_replays_on_it(blind, tmp_path):
     md = (tmp_path / "fixed" / "REPORT.md").read_text()
     replay = next(x for x in md.splitlines() if x.startswith("repro run") and "sequence.json" in x)
     assert "| stack profile | `fixed`" in md and "--stack" not in replay
+
+
+def test_a_stack_carrying_a_rule_both_copies_share_runs_the_third_copy_every_step():
+    """vllm-0.26 classes a one-token first chunk as a decode (vLLM #51565): eager and replay go
+    wrong alike, so only the third copy sees it, and a blind hunt of that stack must run it every
+    step, not at a GPU's thinned default. The fixed stack and vLLM 0.33 carry no such rule."""
+    from repro.knobs.hazards import HAZARDS, reference_cadence
+    assert reference_cadence((), "vllm-0.26") == HAZARDS["first-chunk-as-decode"].reference_every == 1
+    assert reference_cadence((), "fixed") is None and reference_cadence((), MRV1) is None
+    assert reference_cadence(("first-chunk-as-decode",), "fixed") == 1
+
+
+def test_the_blind_case_of_vllm_026_sees_51565_at_a_gpus_cadence(tiny_path, monkeypatch):
+    """The case a blind hunt runs, with the device's default cadence set as a GPU's (every 16th
+    step): a 1-token prompt in the slot a finished 1-token prompt left is wrong in both copies at
+    step 1, and the third copy still judges that step."""
+    from repro.job import cases
+    monkeypatch.setattr(cases, "default_every", lambda device: 16)
+    provider = make_provider("cpu")
+    model = Model(tiny_path, provider.device, None, island="submod0")
+    seq = Sequence([Request(0, 1, 0), Request(1, 1, 0, 1)], num_slots=16, max_tokens=16)
+    r = run_case(model, provider, Case("chain", "full_and_piecewise", stack="vllm-0.26"), seq)
+    assert r.diverged and r.first_divergence["step"] == 1, r.to_json()
+    assert not run_case(model, provider, Case("chain", "full_and_piecewise"), seq).diverged

@@ -109,8 +109,7 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
         usable = None if copy_sentinel == 0 else range(seq.num_slots)
         batches = seq.batches(usable)
         if reference_every is None:  # a hazard both copies share needs the third copy at its own cadence
-            reference_every = min((hz.HAZARDS[h].reference_every for h in case.hazards
-                                   if hz.HAZARDS[h].reference_every is not None), default=None)
+            reference_every = hz.reference_cadence(case.hazards, case.stack)
         every = default_every(provider.device) if reference_every is None else reference_every
         spec, slots = getattr(seq, "spec_tokens", 0), seq.copy_slots()  # a block size's pool is larger
         sizes = sizes or default_capture_sizes(seq.num_slots, seq.max_tokens, spec)

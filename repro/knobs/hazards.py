@@ -15,6 +15,7 @@ from ..errors import Refused
 from ..graphs.lint import UNDECLARED
 from ..control.modes import Runtime, parse_mode
 from .options import FirstChunk, HostCopy, Options, Pad, UniformDecode, apply, validate
+from .stacks import differs
 from .stacks import stack as _stack
 
 CHAIN_ISLANDS = ("chain", "submod0", "gdn_core", "submod1")
@@ -213,6 +214,16 @@ def options_for(hazards=(), repairs=(), stack: str = "fixed") -> Options:
     for r in repairs:
         opts = apply(opts, REPAIRS[r].sets)
     return opts
+
+
+def reference_cadence(hazards=(), stack: str = "fixed") -> int | None:
+    """The third copy's cadence a case needs (None: the device's default, `reference_copy.default_every`):
+    the closest that a planted hazard asks for, or a hazard whose control rules the stack profile
+    carries. A fault both copies share is seen by the third copy alone, so a blind hunt of vllm-0.26
+    looks for vLLM #51565 every step without being told of it (on a GPU the default is every 16th)."""
+    departs = set(differs(_stack(stack).rules))
+    return min((h.reference_every for h in HAZARDS.values() if h.reference_every is not None
+                and (h.name in hazards or departs & set(h.rules))), default=None)
 
 
 def check(hazards, repairs, mode: str, streams: bool, island: str = "chain") -> None:
