@@ -37,6 +37,21 @@ def test_torch_equals_reference_w8a8(T, E, top_k, I, Is, H, renormalize, ties, s
     assert torch.equal(ref, fast)
 
 
+@settings(max_examples=20, deadline=None)
+@given(T=st.integers(1, 12), E=st.integers(2, 10), top_k=st.integers(1, 4), seed=st.integers(0, 999))
+def test_the_stacked_down_projection_equals_the_per_expert_one(T, E, top_k, seed):
+    """An accelerator's down projection (one `_int_mm` of every pair against all experts) gives the
+    per-expert form's bits: the same integers, the same epilogue; only the launch count differs."""
+    from kernels.moe.vectorized import _down_per_expert, _down_stacked
+    top_k = min(top_k, E)
+    g = torch.Generator().manual_seed(seed)
+    act = torch.randn(T, top_k, 16, generator=g).bfloat16()
+    w2 = torch.randint(-127, 128, (E, 24, 16), generator=g, dtype=torch.int8)
+    s2 = torch.rand(E, 24, generator=g) / 100
+    ids = torch.stack([torch.randperm(E, generator=g)[:top_k] for _ in range(T)])
+    assert torch.equal(_down_stacked(act, w2, s2, ids), _down_per_expert(act, w2, s2, ids))
+
+
 def test_both_regimes_are_exercised_and_exact():
     E, top_k = 8, 2
     for T in (1, 5):                             # 2 pairs -> gathered, 10 pairs -> per expert

@@ -41,22 +41,30 @@ def gated_delta_rule_spec_vectorized(q, k, v, g, beta, ssm_state, state_indices,
     valid = valid & (lengths > 0)
     qf, kf = prepare_qk(q, k, Hv)                                           # [T, Hv, dk]
     S = ssm_state.index_select(0, src_slot).float()                         # as before the call
-    outs, states = [], []
-    for t in range(n):                                                      # token t of every row (past a
-        at = (starts[:-1] + t).clamp(0, T - 1)                              # row's length: computed, not used)
-        o_t, S = decode_step(*(a.index_select(0, at) for a in (qf, kf, v, g, beta)), S)
-        outs.append(o_t)
+    # token t of every row, all t at once (past a row's length: computed, not used): [n, B, ...]
+    at = (starts[:-1][None, :] + torch.arange(n, device=v.device)[:, None]).clamp(0, T - 1).reshape(-1)
+    kt, vt, gt, bt = (a.index_select(0, at).float().view(n, B, *a.shape[1:]) for a in (kf, v, g, beta))
+    decay = torch.exp(gt)[..., None, None]
+    states = []
+    for t in range(n):                                                      # the recurrence (`decode_step`)
+        S = S * decay[t]
+        delta = bt[t][..., None] * (vt[t] - tree_sum(kt[t][..., :, None] * S, -2))
+        S = S + kt[t][..., :, None] * delta[..., None, :]
         states.append(S)
+    new = torch.stack(states, dim=1)                                        # [B, n, Hv, dk, dv]
+    # every token's output from its state at once: elementwise, so the bits are decode_step's
+    qt = qf.index_select(0, at).view(n, B, Hv, -1).transpose(0, 1)          # [B, n, Hv, dk]
+    outs = tree_sum(qt[..., :, None] * new, -2)                             # [B, n, Hv, dv]
 
     # token i's output: its row's position i - starts[row]
     i = torch.arange(T, device=v.device)
     row = torch.bucketize(i, starts[1:], right=True).clamp(max=B - 1)
     pos = i - starts[row]
     mine = (i >= starts[0]) & (i < starts[-1]) & (pos < lengths[row]) & valid[row]
-    o = torch.stack(outs).view(n * B, Hv, dv).index_select(0, pos.clamp(0, n - 1) * B + row)
+    o = outs.reshape(B * n, Hv, dv).index_select(0, row * n + pos.clamp(0, n - 1))
     # the state after token t of row b into the slot of column t, in (row, token) order
     dst_valid, dst_slot = slot_rows(state_indices.reshape(-1), sentinel, ssm_state.shape[0])
     live = (valid[:, None] & (torch.arange(n, device=v.device) < lengths[:, None])).reshape(-1) & dst_valid
-    new = torch.stack(states, dim=1).reshape(B * n, *ssm_state.shape[1:])
-    scatter_last_wins(ssm_state, dst_slot, live, new, ssm_state.index_select(0, dst_slot))
+    scatter_last_wins(ssm_state, dst_slot, live, new.reshape(B * n, *ssm_state.shape[1:]),
+                      ssm_state.index_select(0, dst_slot))
     return torch.where(mine[:, None, None], o, 0.0).to(v.dtype)

@@ -5,9 +5,11 @@ Work is per (token, choice) pair, P = T * top_k of them, in one of two regimes (
   with a batched matvec; only the chosen experts' weights are read. W8A8 integers are exact in
   fp32 bmm over K-blocks of 1024 (the argument in `kernels/w8a8_linear/reference.py`).
 - many pairs: gate/up is one `torch._int_mm` of the tokens against all experts' stacked rows
-  (every expert's weights read once), from which each pair picks its expert's columns; down runs
-  one `_int_mm` per expert over all tokens (a token that did not choose the expert feeds zeros)
-  and each pair picks its row. Tokens go in chunks so the int32 scratch stays <= 512 MiB.
+  (every expert's weights read once), from which each pair picks its expert's columns; down, on a
+  CPU, runs one `_int_mm` per expert over all tokens (a token that did not choose the expert feeds
+  zeros) and each pair picks its row; on an accelerator, one `_int_mm` of every pair against all
+  experts' stacked rows (`_down_stacked`: E times the products, one launch instead of E). Tokens
+  go in chunks so the int32 scratch stays <= 512 MiB.
 Integer accumulators equal the reference's and the float epilogue is the shared one
 (`common.py`), so W8A8 outputs are bit-identical; bf16 experts agree to bf16 matmul rounding.
 """
@@ -113,6 +115,24 @@ def _down_per_expert(act: torch.Tensor, w2, w2_scale, ids) -> torch.Tensor:
     return torch.cat(out).reshape(T * k, H)
 
 
+def _down_stacked(act: torch.Tensor, w2, w2_scale, ids) -> torch.Tensor:
+    """W8A8 `_down_per_expert` in one `_int_mm` a chunk: every pair against every expert's stacked
+    rows, each pair keeping its own expert's -> [T*k, H]. E times the products, in one launch
+    instead of E: the form for an accelerator driven by a host that spends microseconds on each
+    launch (E = 256 launches cost more there than the products). Same integers, same epilogue."""
+    T, k, I = act.shape
+    E, H, _ = w2.shape
+    a_q, a_scale = quantize_per_token(act.reshape(T * k, I))
+    chosen = ids.reshape(-1)
+    stacked = w2.reshape(E * H, I)
+    out = []
+    for sl in _chunks(T * k, E * H):
+        acc = int8_matmul_int_mm(a_q[sl], stacked).view(-1, E, H)
+        acc = acc.gather(1, chosen[sl, None, None].expand(-1, 1, H))[:, 0]   # [p, H]: its expert's row
+        out.append(dequantize_output(acc, a_scale[sl], w2_scale[chosen[sl]], None, act.dtype))
+    return torch.cat(out)
+
+
 def routed_experts(x, weights, ids, w13, w13_scale, w2, w2_scale) -> torch.Tensor:
     """x [T, H], routing weights fp32 [T, k], expert ids int64 [T, k] -> routed sum, fp32 [T, H]."""
     T, H = x.shape
@@ -123,7 +143,9 @@ def routed_experts(x, weights, ids, w13, w13_scale, w2, w2_scale) -> torch.Tenso
         y = _pairs_gathered(silu_and_mul(h), w2, w2_scale, pair_expert)
     else:
         h = _up_all_experts(x, w13, w13_scale, ids)
-        y = _down_per_expert(silu_and_mul(h).view(T, k, -1), w2, w2_scale, ids)
+        act = silu_and_mul(h).view(T, k, -1)
+        stacked = w2_scale is not None and x.device.type != "cpu"  # a CPU computes more than it launches
+        y = (_down_stacked if stacked else _down_per_expert)(act, w2, w2_scale, ids)
     return combine(weights, y.view(T, k, H))
 
 
