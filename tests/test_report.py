@@ -334,15 +334,16 @@ def test_repairs_rerun_at_the_results_draft_tokens(tiny_path, tmp_path):
     assert rows["replay-assert"].diverged is True  # the loud error: detected, not clean
 
 
-@pytest.mark.parametrize("settings, named", [({"spec_tokens": 2}, "k=2"), ({"data_parallel": True}, "idle rank's dummy steps"),
+@pytest.mark.parametrize("settings, named", [({"data_parallel": True}, "idle rank's dummy steps"),
                                              ({"block_size": 4}, "block size 4")])
 def test_a_result_the_template_cannot_drive_gets_no_script_and_names_the_hand_written_ones(settings, named):
-    """The generated script drives steps without draft tokens, dummy steps or prefix caching: a
-    result with any of them gets no script (a K = 0 runner would not reproduce it), and the reason
-    names what it lacks and the hand-written reproducers of vLLM #53051 and #51565."""
+    """The generated script drives steps with draft tokens or without, but no dummy steps and no
+    prefix caching: a result with either gets no script (its runner would not reproduce it), and the
+    reason names what it lacks and the hand-written reproducers of vLLM #53051 and #51565."""
     from repro.report import standalone_gap
     base = {"island": "chain", "hazards": [], "repairs": []}
     assert standalone_gap(base) is None and standalone_gap({**base, "spec_tokens": 0, "block_size": None}) is None
+    assert standalone_gap({**base, "spec_tokens": 2}) is None
     why = standalone_gap({**base, **settings})
     assert why and named in why and "vllm_53051.py" in why
 

@@ -7,6 +7,8 @@ import re
 
 from ..knobs import hazards as hz
 from ..knobs.options import Pad
+from ..knobs.stacks import differs
+from ..knobs.stacks import stack as stack_profile
 
 ISSUE_URLS = {
     "vLLM": "https://github.com/vllm-project/vllm/issues/{}",
@@ -105,7 +107,21 @@ def explain(r: dict, fd: dict | None, sentinel: int) -> list[str]:
                    "the buffer graph 1 was captured with; the replayed graph 1 read the captured address, which "
                    f"holds stale bytes, so {fd.get('island')}.{fd.get('tensor')} row {fd.get('row')} differs.")
     if not r["hazards"]:
-        out.append("No hazard was planted: the runner pads with the kernel's sentinel, keeps the splitting op's "
-                   "outputs in place and recaptures nothing. A divergence here is a defect of the graph stack "
-                   "(capture, replay, pool or kernels under capture) on this device: the upstream bug.")
+        out.append(_unplanted(r.get("stack") or "fixed"))
     return out
+
+
+def _unplanted(stack: str) -> str:
+    """Where a divergence with no planted hazard comes from: the stack's control rules where it
+    departs from the fixed form, else the graph stack itself."""
+    departs = differs(stack_profile(stack).rules)
+    if departs:
+        cases = "; ".join(f"{h.cases} (hazard {h.name})" for h in hz.HAZARDS.values()
+                          if h.record and set(h.rules) & set(departs))
+        return (f"No hazard was planted, but the case ran under the `{stack}` stack, whose control rules depart "
+                f"from the fixed form in {', '.join(f'`{x}`' for x in departs)} ({cases or 'no record hazard'}). A "
+                f"divergence here comes from one of those rules: `repro hunt --stack {stack}` names the rule whose "
+                "fixed form clears it, and the standalone script runs under the same rules.")
+    return ("No hazard was planted: the runner pads with the kernel's sentinel, keeps the splitting op's "
+            "outputs in place and recaptures nothing. A divergence here is a defect of the graph stack "
+            "(capture, replay, pool or kernels under capture) on this device: the upstream bug.")

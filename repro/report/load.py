@@ -50,8 +50,8 @@ def _hand_written(hazards=None) -> str:
 
 def standalone_gap(r: dict) -> str | None:
     """Why no standalone script can be generated for result `r` (None: it can). The generated
-    script drives steps without draft tokens, dummy steps or prefix caching; where a hazard has a
-    hand-written reproducer, the reason names it."""
+    script drives steps with draft tokens or without, but no dummy steps and no prefix caching;
+    where a hazard has a hand-written reproducer, the reason names it."""
     if r["island"] not in hz.CHAIN_ISLANDS:
         return f"island {r['island']} is not rebuilt by the standalone script yet (it covers the GDN layer chain)"
     bad = [h for h in r["hazards"] if not hz.HAZARDS[h].standalone]
@@ -63,12 +63,11 @@ def standalone_gap(r: dict) -> str | None:
     bad = [x for x in r["repairs"] if not hz.REPAIRS[x].standalone]
     if bad:
         return f"repair {', '.join(bad)} is not rebuilt by the standalone script yet"
-    lacks = [what for what, on in ((f"k={r.get('spec_tokens')} draft tokens", r.get("spec_tokens")),
-                                   ("an idle rank's dummy steps", r.get("data_parallel")),
+    lacks = [what for what, on in (("an idle rank's dummy steps", r.get("data_parallel")),
                                    (f"prefix caching (block size {r.get('block_size')})", r.get("block_size")))
              if on]
     if lacks:
-        return (f"the standalone script drives steps without draft tokens, dummy steps or prefix caching; this "
+        return (f"the standalone script drives steps without dummy steps or prefix caching; this "
                 f"result has {' and '.join(lacks)} (hand-written reproducers: {_hand_written()})")
     return None
 

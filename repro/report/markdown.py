@@ -223,6 +223,12 @@ def repairs(f: Facts) -> list[str]:
     else:
         runner = ", ".join(f"`{x.name}`" for x in hz.REPAIRS.values()
                            if any(k.startswith("runner.") for k in x.sets) and not x.device_only)
+        stack = f.r.get("stack") or "fixed"
+        if stack != "fixed":
+            L.append(f"Nothing was planted; the case ran under the `{stack}` stack's control rules. Every known fix "
+                     f"at once: `repro run --stack fixed --mode {f.r['mode']} --sequence sequence.json`; the rule "
+                     f"that clears it alone: `repro hunt --stack {stack}`.")
+            L.append("")
         L.append(f"Nothing was planted, so there is no hazard-specific repair. On the device, try the runner-side "
                  f"repairs ({runner}) with `repro run --device DEV --repair R --sequence sequence.json`.")
     return L + [""]

@@ -117,6 +117,11 @@ def embedded_tensors(model, embed_ids) -> dict:
     return {k: v.detach().cpu().contiguous() for k, v in t.items()}
 
 
+def spec_tokens(r: dict, seqj: dict) -> int:
+    """The draft tokens a decode carried in the case (K)."""
+    return r.get("spec_tokens") or seqj.get("spec_tokens") or 0
+
+
 def build_spec(doc, r, steps, seqj, model, sentinel, title, weights) -> dict:
     c, q = config_of(model)
     fd = r.get("first_divergence")
@@ -124,9 +129,8 @@ def build_spec(doc, r, steps, seqj, model, sentinel, title, weights) -> dict:
             "default_repairs": default_repairs(r), "knobs": knobs(),
             "families": sorted(kind(r["island"]).eager),
             "mode": r["mode"], "rules": rules(r), "island": r["island"], "sentinel": kernel_sentinel(r, sentinel),
-            "sizes": list(default_capture_sizes(seqj.get("num_slots", 8), seqj.get("max_tokens", 16),
-                                                seqj.get("spec_tokens", 0))),
-            "num_slots": seqj.get("num_slots", 8),
+            "sizes": list(default_capture_sizes(seqj.get("num_slots", 8), seqj.get("max_tokens", 16), spec_tokens(r, seqj))),
+            "spec_tokens": spec_tokens(r, seqj), "num_slots": seqj.get("num_slots", 8),
             "max_tokens": max([seqj.get("max_tokens", 16)] + [len(s["token_ids"]) for s in steps]),
             "config": c, "quantised": q, "weights": weights,
             "embed_ids": sorted({t for s in steps for t in s["token_ids"]} | {0}), "steps": steps,

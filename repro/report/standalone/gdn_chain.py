@@ -19,13 +19,14 @@ It rebuilds one Qwen3.6-35B-A3B (W8A8 INT8) GDN layer as vLLM's PIECEWISE split 
 
 and runs the recorded request steps through two copies, each with its own state cache:
 an eager copy (exact shapes, no padding, metadata built afresh each step) and a graph copy
-driven like vLLM's V1 runner (`vllm/v1/worker/gpu_model_runner.py`) on steps without draft
-tokens: the uniform-decode decision and the dispatcher pick FULL, PIECEWISE or eager and the
-capture size a step pads to; a persistent `input_ids` is addressed by slicing; graphs are
+driven like vLLM's V1 runner (`vllm/v1/worker/gpu_model_runner.py`), with the K draft tokens a
+decode carried in the suite's run (K = 0: none): the uniform-decode decision and the dispatcher
+pick FULL, PIECEWISE or eager and the capture size a step pads to; a persistent `input_ids` is addressed by slicing; graphs are
 captured lazily on the first step of a key, after a warm-up run, into one pool. PIECEWISE:
 submod0 and submod1 are graphs and gdn_core runs eagerly between them. FULL (a uniform decode,
 in `full_and_piecewise` or `full_decode_only`): the whole chain is one graph, captured over the
-GDN metadata builder's persistent state-index buffer, which the builder refreshes only for a
+GDN metadata builder's persistent buffers (state indices; with K > 0 the spec rows' 1+K state
+blocks, query start locations and accepted counts), which the builder refreshes only for a
 batch with no prefill (`vllm/v1/attention/backends/gdn_attn.py:
 GDNAttentionMetadataBuilder.build`); a FULL replay's padded rows read whatever the last such
 staging, or the capture, left there unless staging pads them. After every step every island
@@ -219,10 +220,12 @@ class LayerCopy:
     def __init__(self, P, spec, opts, device):
         c = spec["config"]
         self.P, self.c, self.opts, self.device = P, c, opts, device
-        self.sentinel = spec["sentinel"]
-        rows = spec["num_slots"] + (1 if self.sentinel == 0 else 0)  # sentinel 0: row 0 is the null block
+        self.sentinel, k = spec["sentinel"], spec.get("spec_tokens", 0)
+        # a request holds 1+k state blocks (its spec columns); sentinel 0: row 0 is the null block
+        rows = spec["num_slots"] * (1 + k) + (1 if self.sentinel == 0 else 0)
         conv_dim = 2 * c["hk"] * c["dk"] + c["hv"] * c["dv"]
-        self.conv = torch.zeros(rows, conv_dim, c["conv_kernel"] - 1, dtype=torch.bfloat16, device=device)
+        # with k draft tokens a conv row keeps k more columns (vLLM's `gated_delta_net_state_shape`)
+        self.conv = torch.zeros(rows, conv_dim, c["conv_kernel"] - 1 + k, dtype=torch.bfloat16, device=device)
         self.ssm = torch.zeros(rows, c["hv"], c["dk"], c["dv"], dtype=torch.float32, device=device)
         self.ctx = Context()
 
@@ -246,10 +249,39 @@ class LayerCopy:
                 y[:, 2 * kd:].reshape(t, c["hv"], c["dv"]))
 
     def gdn_core(self, qkv, b, a, core_out, meta):
-        """The splitting op: writes core_out and the state caches in place."""
-        P, s = self.P, self.sentinel
-        nd, nt = meta["num_decodes"], meta["num_tokens"]
+        """The splitting op: writes core_out and the state caches in place. As vLLM's `_forward_core`
+        (`vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py`): spec rows through the spec
+        conv update and recurrence, the rest through the decode and prefill kernels; in a batch with
+        both, each part's tokens are gathered by index and its outputs scattered back."""
         out = torch.empty_like(core_out) if self.opts["island.fresh_core_out"] else core_out
+        if not meta.get("num_spec_decodes"):
+            return self._non_spec(qkv, b, a, out, meta, meta["num_tokens"])
+        if not meta["mixed"]:
+            n = meta["num_tokens"]
+            out[:n].copy_(self._spec(qkv[:n], b[:n], a[:n], meta))
+            return out
+        idx, rest = meta["spec_token_indx"], meta["non_spec_token_indx"]
+        out.index_copy_(0, idx, self._spec(qkv.index_select(0, idx), b.index_select(0, idx), a.index_select(0, idx),
+                                           meta))
+        part = torch.empty(len(rest), *out.shape[1:], dtype=out.dtype, device=out.device)
+        self._non_spec(qkv.index_select(0, rest), b.index_select(0, rest), a.index_select(0, rest), part, meta,
+                       len(rest))
+        out.index_copy_(0, rest, part)
+        return out
+
+    def _spec(self, qkv, b, a, meta):
+        """Spec rows: the state read from column num_accepted-1, the state after token t into column t."""
+        P, s = self.P, self.sentinel
+        idx, acc, qsl = meta["spec_state_indices"], meta["num_accepted"], meta["spec_query_start_loc"]
+        q, k, v = self._split(causal_conv1d_update_spec_reference(qkv, P["conv1d_weight"], self.conv,
+                                                                  idx[:, 0].contiguous(), acc, qsl, s))
+        g, beta = gdn_gating_reference(P["A_log"], a, P["dt_bias"], b)
+        return gated_delta_rule_spec_reference(q, k, v, g, beta, self.ssm, idx, acc, qsl, s)
+
+    def _non_spec(self, qkv, b, a, out, meta, nt):
+        """Decodes (the first num_decodes rows, a token each), then prefills, into `out`."""
+        P, s = self.P, self.sentinel
+        nd = meta["num_decodes"]
         if nd:
             idx = meta["state_indices"][:nd]
             q, k, v = self._split(causal_conv1d_update_reference(qkv[:nd], P["conv1d_weight"], self.conv, idx, s))
@@ -286,8 +318,10 @@ SUBMOD1_OUT = ("hidden", "next_normed")
 
 
 # ============================================================================ the control path
-# vLLM's V1 runner on a step of non-spec rows (k = 0): which graph it replays, and the GDN metadata
-# its builder hands the core. The rules are the ones the suite ran with (`spec["rules"]`, from its
+# vLLM's V1 runner on a step: which graph it replays, and the GDN metadata its builder hands the
+# core. With k draft tokens a decode (`spec["spec_tokens"]`), a decode row's query is its drafts plus
+# one token, its state is its block-table row's first 1+k columns and its accepted count names the
+# column it continues from. The rules are the ones the suite ran with (`spec["rules"]`, from its
 # stack profile); a step's optional lists default as the suite's `StepBatch` defaults them.
 
 # vLLM's graph modes as (uniform-decode runtime, mixed runtime) (`vllm/config/compilation.py:
@@ -302,11 +336,29 @@ def computed(st):
     return st["num_computed"] if "num_computed" in st else [1 if h else 0 for h in st["has_initial_state"]]
 
 
+def prompts(st):
+    return st["prompt_lens"] if "prompt_lens" in st else \
+        [1 if h else q for q, h in zip(st["query_lens"], st["has_initial_state"])]
+
+
 def prefilling(st):
     """Each request still in its prompt (vLLM: `num_computed_tokens < num_prompt_tokens`)."""
-    prompts = st["prompt_lens"] if "prompt_lens" in st else \
-        [1 if h else q for q, h in zip(st["query_lens"], st["has_initial_state"])]
-    return [c < p for c, p in zip(computed(st), prompts)]
+    return [c < p for c, p in zip(computed(st), prompts(st))]
+
+
+def drafts(st):
+    return st.get("draft_lens") or [0] * len(st["query_lens"])
+
+
+def draft_counts(st):
+    """`num_decode_draft_tokens` (`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._prepare_inputs`):
+    a row's draft count where its query is exactly its drafts plus one token, else -1 (a prefill
+    chunk); a one-token row past its prompt is a spec row with 0 drafts."""
+    out = []
+    for q, d, c, p in zip(st["query_lens"], drafts(st), computed(st), prompts(st)):
+        n = d if d > 0 and q == d + 1 else -1
+        out.append(0 if n < 0 and c >= p and q == 1 else n)
+    return out
 
 
 def state_blocks(st):
@@ -327,68 +379,142 @@ def num_decodes(st, rule):
     return prefill.index(True) if True in prefill else len(prefill)
 
 
-def uniform_decode(st, rule):
-    """`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode` with k = 0: every query
-    is one token. `shape` (vLLM 0.33.0) asks only that; vLLM PR #53059 (and PR #47123 for a hybrid
+def uniform_decode(st, rule, k=0):
+    """`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode`: every query is 1+k
+    tokens. `shape` (vLLM 0.33.0) asks only that; vLLM PR #53059 (and PR #47123 for a hybrid
     model such as this one) also need every request past its prompt; `phase-aware` (vLLM PR #51865,
     the V2 runner's `decode_graph_eligible`) needs no request in its prefill phase (`prefill_lens`: a
     resumed request's recompute included) unless its row is one new token over existing context."""
     q = st["query_lens"]
-    shape = max(q) == 1 and sum(q) == len(q)
+    shape = max(q) == 1 + k and sum(q) == len(q) * (1 + k)
     if rule == "shape":
         return shape
     if rule == "phase-aware":
-        pre = st.get("prefill_lens") or st.get("prompt_lens") or \
-            [1 if h else n for n, h in zip(q, st["has_initial_state"])]
-        return shape and not any(c < p and not (n == 1 and c > 0) for c, p, n in zip(computed(st), pre, q))
+        pre = st.get("prefill_lens") or prompts(st)
+        return shape and not any(c < p and not (n - d == 1 and c > 0)
+                                 for c, p, n, d in zip(computed(st), pre, q, drafts(st)))
     return shape and not any(prefilling(st))
 
 
+def capture_sizes(sizes, full_decode, k):
+    """`vllm/config/compilation.py: CompilationConfig.adjust_cudagraph_sizes_for_spec_decode`: with a
+    FULL decode mode and 1+k > 1 every size is rounded up to a multiple of 1+k, and sizes above the
+    largest one asked for are dropped."""
+    sizes, q = sorted(set(sizes)), 1 + k
+    if not full_decode or q == 1:
+        return sizes
+    rounded = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= sizes[-1]})
+    return rounded or ([q] if q <= sizes[-1] else [])
+
+
+def _qsl(lens):
+    out = [0]
+    for q in lens:
+        out.append(out[-1] + q)
+    return out
+
+
 class MetadataBuilder:
-    """The GDN metadata builder's non-spec path (`vllm/v1/attention/backends/gdn_attn.py:
-    GDNAttentionMetadataBuilder.build`). With FULL graphs (`full_graphs`) it keeps a persistent
-    state-index buffer, sized for the largest decode graph, and refreshes it ONLY for a batch with
-    no prefill (its decode staging branch), whatever graph the step then runs: a FULL graph is
-    captured over that buffer and reads, for every padded row, what the last staging left there.
-    Past the live rows staging writes `pad` (vLLM 0.33.0: the null block, the kernel's sentinel;
-    None: nothing, the rows keep what an earlier staging or capture wrote). Without FULL graphs
-    (the eager copy) every step gets fresh tensors and nothing persists."""
+    """The GDN metadata builder (`vllm/v1/attention/backends/gdn_attn.py:
+    GDNAttentionMetadataBuilder.build`). Spec rows are rows with a draft count >= 0 (k > 0 only);
+    beside them one-token non-spec rows go to the prefill kernel. With FULL graphs (`full_graphs`)
+    it keeps persistent buffers, sized for the largest decode graph, and refreshes them ONLY for a
+    batch with no prefill (its two decode staging branches: spec rows alone, or non-spec decodes
+    alone), whatever graph the step then runs: a FULL graph is captured over those buffers and
+    reads, for every padded row, what the last such staging left there. Past the live rows staging
+    writes `pad` (vLLM 0.33.0: the null block, the kernel's sentinel; None: nothing, the rows keep
+    what an earlier staging or capture wrote), query start locations repeat their last value and
+    accepted counts are 1. Without FULL graphs (the eager copy) every step gets fresh tensors."""
 
-    def __init__(self, rows, device, full_graphs, pad, first_chunk):
-        self.device, self.full_graphs, self.pad, self.first_chunk = device, full_graphs, pad, first_chunk
+    def __init__(self, k, rows, device, full_graphs, pad, first_chunk):
+        self.k, self.rows, self.device = k, rows, device
+        self.full_graphs, self.pad, self.first_chunk = full_graphs, pad, first_chunk
         # `torch.empty` in vLLM; zeros here, so a run depends on its steps alone
-        self.state_indices = torch.zeros(rows, dtype=torch.int32, device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        self.state_indices = torch.zeros(rows, **i32)
+        self.spec_state_indices = torch.zeros(rows, 1 + k, **i32)
+        self.spec_query_start_loc = torch.zeros(rows + 1, **i32)
+        self.num_accepted = torch.ones(rows, **i32)
 
-    def stage(self, live, rows):
-        """Rows [:len(live)] from `live`, rows [len(live):rows] the pad (None: left as they are)."""
+    def _t(self, values, dtype=torch.int32):
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+    def _stage(self, buf, live, rows, pad):
+        """Rows [:len(live)] from `live`, rows [len(live):rows] `pad` (None: left as they are)."""
         n = len(live)
         if n:
-            self.state_indices[:n].copy_(torch.tensor(live, dtype=torch.int32, device=self.device))
-        if rows > n and self.pad is not None:
-            self.state_indices[n:rows].fill_(self.pad)
+            buf[:n].copy_(self._t(live, buf.dtype))
+        if rows > n and pad is not None:
+            buf[n:rows].fill_(pad)
 
     def build(self, st, rows):
         """The core's metadata for step `st`, padded to `rows` rows (a FULL step's; else its own)."""
-        qsl = [0]
-        for q in st["query_lens"]:
-            qsl.append(qsl[-1] + q)
+        if self.k and any(d >= 0 for d in draft_counts(st)):
+            return self._spec(st, rows)
+        qsl = _qsl(st["query_lens"])
         nd, n = num_decodes(st, self.first_chunk), len(st["query_lens"])
         if self.full_graphs and nd == n and rows <= len(self.state_indices):
-            self.stage(state_blocks(st), rows)
+            self._stage(self.state_indices, state_blocks(st), rows, self.pad)
             idx = self.state_indices[:n]
         else:
-            idx = torch.tensor(state_blocks(st), dtype=torch.int32, device=self.device)
-        return {"query_start_loc": torch.tensor(qsl, dtype=torch.int32, device=self.device), "state_indices": idx,
-                "has_initial_state": torch.tensor(st["has_initial_state"], dtype=torch.bool, device=self.device),
+            idx = self._t(state_blocks(st))
+        return {"query_start_loc": self._t(qsl), "state_indices": idx,
+                "has_initial_state": self._t(st["has_initial_state"], torch.bool),
                 "num_decodes": nd, "num_tokens": len(st["token_ids"])}
 
-    def build_for_capture(self, rows, sentinel):
-        """`build_for_cudagraph_capture`: every row a one-token decode over the null block, staged
-        like a decode batch; the FULL graph is captured over this metadata (the buffer's view)."""
-        self.stage([sentinel] * rows, rows)
-        return {"query_start_loc": torch.arange(rows + 1, dtype=torch.int32, device=self.device),
-                "state_indices": self.state_indices[:rows], "has_initial_state": None,
-                "num_decodes": rows, "num_tokens": rows}
+    def _spec(self, st, rows):
+        q, k = st["query_lens"], self.k
+        spec = [d >= 0 for d in draft_counts(st)]
+        ns = sum(spec)
+        nd = sum(1 for s, n in zip(spec, q) if not s and n == 1)
+        np_ = sum(1 for s, n in zip(spec, q) if not s and n > 1)
+        if nd and ns:  # beside spec rows, one-token non-spec rows go to the prefill kernel
+            np_, nd = np_ + nd, 0
+        blocks = st["blocks"]
+        spec_idx = [blocks[i][:1 + k] for i in range(len(q)) if spec[i]]
+        accepted = [a for a, s in zip(st["num_accepted"], spec) if s]
+        spec_qsl = _qsl([n for n, s in zip(q, spec) if s])
+        meta = {"num_spec_decodes": ns, "num_decodes": nd, "num_tokens": len(st["token_ids"]),
+                "mixed": bool(nd or np_)}
+        if not meta["mixed"]:
+            if self.full_graphs and ns <= self.rows:  # the spec decode staging branch
+                self._stage(self.spec_state_indices, spec_idx, rows, self.pad)
+                self._stage(self.spec_query_start_loc, spec_qsl, rows + 1, spec_qsl[-1])
+                self._stage(self.num_accepted, accepted, rows, 1)
+                meta.update(spec_state_indices=self.spec_state_indices[:rows],
+                            spec_query_start_loc=self.spec_query_start_loc[:rows + 1],
+                            num_accepted=self.num_accepted[:rows])
+            else:
+                meta.update(spec_state_indices=self._t(spec_idx), spec_query_start_loc=self._t(spec_qsl),
+                            num_accepted=self._t(accepted))
+            return meta
+        # the non-spec rows' tokens first, then the spec rows', each in order
+        tokens = [(s, i) for i, (n, s) in enumerate(zip(q, spec)) for _ in range(n)]
+        order = sorted(range(len(tokens)), key=lambda j: tokens[j][0])
+        n_non = sum(1 for s, _ in tokens if not s)
+        non = [i for i, s in enumerate(spec) if not s]
+        meta.update(non_spec_token_indx=self._t(order[:n_non], torch.long),
+                    spec_token_indx=self._t(order[n_non:], torch.long),
+                    spec_state_indices=self._t(spec_idx), spec_query_start_loc=self._t(spec_qsl),
+                    num_accepted=self._t(accepted), state_indices=self._t([blocks[i][0] for i in non]),
+                    query_start_loc=self._t(_qsl([q[i] for i in non])),
+                    has_initial_state=self._t([computed(st)[i] > 0 for i in non], torch.bool))
+        return meta
+
+    def build_for_capture(self, size, sentinel):
+        """`build_for_cudagraph_capture`, staged like a decode batch; the FULL graph is captured over
+        this metadata (the buffers' views). k = 0: every row a one-token decode over the null block;
+        k > 0: every row a spec row that kept all its 1+k tokens, over zero block-table rows."""
+        if not self.k:
+            self._stage(self.state_indices, [sentinel] * size, size, None)
+            return {"query_start_loc": torch.arange(size + 1, dtype=torch.int32, device=self.device),
+                    "state_indices": self.state_indices[:size], "has_initial_state": None,
+                    "num_decodes": size, "num_tokens": size}
+        q, rows = 1 + self.k, size // (1 + self.k)
+        st = {"query_lens": [q] * rows, "draft_lens": [self.k] * rows, "num_computed": [1] * rows,
+              "prompt_lens": [1] * rows, "num_accepted": [q] * rows, "blocks": [[0] * q] * rows,
+              "token_ids": [0] * size}
+        return self.build(st, rows)
 
 
 def collect(o0, o1, n, core):
@@ -402,9 +528,9 @@ class EagerRunner:
     """The reference: every island eager, exact shapes, no padding, metadata built afresh each step
     (a builder without FULL graphs never stages)."""
 
-    def __init__(self, copy, rules):
+    def __init__(self, copy, rules, k):
         self.copy = copy
-        self.builder = MetadataBuilder(1, copy.device, False, None, rules["first_chunk"])
+        self.builder = MetadataBuilder(k, 1, copy.device, False, None, rules["first_chunk"])
 
     def step(self, st):
         c = self.copy
@@ -528,14 +654,15 @@ class GraphRunner:
     def __init__(self, copy, graphs, spec, opts, rules):
         self.copy, self.graphs = copy, graphs
         self.decode, self.mixed = MODES[spec["mode"]]
-        self.sizes = sorted(spec["sizes"])
+        self.k = k = spec.get("spec_tokens", 0)
+        self.sizes = capture_sizes(spec["sizes"], self.decode == "full", k)
         self.max_num_seqs = spec["num_slots"]
         self.opts, self.rules = opts, rules
         self.eager_family = set(opts["runner.eager_families"])
         self.sentinel = copy.sentinel
         n = max(spec["max_tokens"], max(self.sizes))
         self.input_ids = torch.zeros(n, dtype=torch.long, device=copy.device)
-        self.builder = MetadataBuilder(max(self.max_num_seqs, max(self.sizes)), copy.device,
+        self.builder = MetadataBuilder(k, max(self.max_num_seqs, max(self.sizes)), copy.device,
                                        self.decode == "full", self._pad_value(), rules["first_chunk"])
         self.captured = {}
         self.notes = []
@@ -554,15 +681,16 @@ class GraphRunner:
     def dispatch(self, st):
         """(runtime, tokens it runs, metadata rows) as `vllm/v1/cudagraph_dispatcher.py:
         CudagraphDispatcher.dispatch` picks them: pad to the smallest capture size; a uniform decode
-        replays the FULL graph of that size when the mode has one (k = 0: sizes up to max_num_seqs,
-        one row a token); otherwise the PIECEWISE graphs when the mode has them; else eager (None)
-        at the step's own size, as above the largest capture size."""
-        n, reqs = len(st["token_ids"]), len(st["query_lens"])
+        replays the FULL graph of that size when the mode has one (sizes that are multiples of 1+k
+        up to (1+k) * max_num_seqs, a row every 1+k tokens); otherwise the PIECEWISE graphs when the
+        mode has them; else eager (None) at the step's own size, as above the largest capture size."""
+        n, reqs, q = len(st["token_ids"]), len(st["query_lens"]), 1 + self.k
         size = next((s for s in self.sizes if s >= n), None)
         if size is None:
             return None, n, reqs
-        if self.decode == "full" and size <= self.max_num_seqs and uniform_decode(st, self.rules["uniform_decode"]):
-            return "full", size, size
+        if self.decode == "full" and size <= q * self.max_num_seqs and size % q == 0 and \
+                uniform_decode(st, self.rules["uniform_decode"], self.k):
+            return "full", size, size // q
         if self.mixed == "piecewise":
             return "piecewise", size, reqs
         return None, n, reqs
@@ -637,7 +765,8 @@ class GraphRunner:
         if self.last is None or self.last[0] != "full":
             return None
         _, size, rows = self.last
-        return size, self.builder.state_indices[len(st["query_lens"]):rows].tolist()
+        buf = self.builder.spec_state_indices if self.k else self.builder.state_indices
+        return size, buf[len(st["query_lens"]):rows].tolist()
 
     def step(self, st):
         c = self.copy
@@ -748,7 +877,7 @@ def main(argv=None) -> int:
         graphs = Graphs(device)
         eager_copy, replay_copy = LayerCopy(P, spec, eager_opts, device), LayerCopy(P, spec, replay_opts, device)
         rules = {**RULE_DEFAULTS, **spec.get("rules", {})}
-        eager = EagerRunner(eager_copy, rules)
+        eager = EagerRunner(eager_copy, rules, spec.get("spec_tokens", 0))
         runner = GraphRunner(replay_copy, graphs, spec, replay_opts, rules)
         w = spec["weights"]
         print(f"torch {torch.__version__} on {device_name(device)}; graphs: {graphs.api}")

@@ -32,9 +32,11 @@ ROOTS = (
     ("kernels.w8a8_linear.reference", "w8a8_linear_reference"),
     ("kernels.conv1d.reference", "causal_conv1d_update_reference"),
     ("kernels.conv1d.reference", "causal_conv1d_fn_reference"),
+    ("kernels.conv1d.reference", "causal_conv1d_update_spec_reference"),
     ("kernels.gdn.reference", "gdn_gating_reference"),
     ("kernels.gdn.reference", "gated_delta_rule_decode_reference"),
     ("kernels.gdn.reference", "gated_delta_rule_prefill_reference"),
+    ("kernels.gdn.reference", "gated_delta_rule_spec_reference"),
     ("kernels.moe.reference", "moe_reference"),
 )
 # Names the script's header provides (its own imports).

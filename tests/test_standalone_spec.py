@@ -1,0 +1,105 @@
+"""The generated standalone script with draft tokens: its runner's spec rules are the suite's, a K = 2
+baseline replays equal to eager through FULL spec decodes and mixed batches, and a blind hunt's
+vLLM #53051 finding reproduces in it at the suite's first divergence, under the stack it ran on."""
+import collections
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from itertools import product
+
+import numpy as np
+import pytest
+
+from repro.cli.app import main
+from repro.control import dispatch
+from repro.control.builder import draft_counts
+from repro.control.modes import parse_mode
+from repro.report import SCRIPT, load_result, write_report
+from repro.report.standalone.generate import TEMPLATE
+
+# the one-request sequence a blind hunt of vllm-0.33-mrv1 at K = 2 shrinks to: a 3-token prompt
+PROMPT_OF_1_PLUS_K = {
+    "requests": [{"rid": 0, "prompt_len": 3, "decode_steps": 0, "arrive": 0, "preempt_after": None, "accept": None}],
+    "num_slots": 16, "max_tokens": 16, "vocab": 512, "seed": 0, "spec_tokens": 2, "data_parallel": False,
+    "tail_dummies": 0,
+    "steps": [{"step": 0, "request_ids": [0], "slots": [1], "query_lens": [3], "has_initial_state": [False],
+               "token_ids": [105, 434, 251], "live_slots": [], "num_computed": [0], "prompt_lens": [3],
+               "draft_lens": [0], "num_accepted": [1], "blocks": [[1, 2, 3]]}]}
+
+
+def _module(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_templates_capture_sizes_and_draft_counts_are_the_suites():
+    """The script rounds capture sizes (`adjust_cudagraph_sizes_for_spec_decode`) and counts a row's
+    drafts (`_prepare_inputs`) as `repro.control` does, for every mode, K and row shape drawn."""
+    t = _module(TEMPLATE, "template")
+    for name, k in product(("none", "piecewise", "full_decode_only", "full_and_piecewise"), range(5)):
+        mode = parse_mode(name)
+        sizes = dispatch.default_capture_sizes(8, 16 * (1 + k), k)
+        full = t.MODES[name][0] == "full"
+        assert list(t.capture_sizes(sizes, full, k)) == list(dispatch.capture_sizes(sizes, mode, k)), (name, k)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 6))
+        q, d = rng.integers(1, 5, n).tolist(), rng.integers(0, 4, n).tolist()
+        c, p = rng.integers(0, 6, n).tolist(), rng.integers(1, 6, n).tolist()
+        st = {"query_lens": q, "draft_lens": d, "num_computed": c, "prompt_lens": p}
+        assert t.draft_counts(st) == draft_counts(q, d, c, p).tolist(), st
+
+
+def _report(tmp_path, argv, case=0):
+    res = tmp_path / "r.json"
+    main(["run", "--device", "cpu", "--json", str(res)] + argv)
+    return write_report(load_result(res), tmp_path / "rep", index=case, verify=False)
+
+
+def test_a_k2_baseline_replays_equal_to_eager_through_full_spec_decodes_and_mixed_batches(tiny_path, tmp_path):
+    """80 steps at K = 2 in full_and_piecewise: the script's runner replays FULL graphs of spec rows
+    and runs batches that mix spec rows with prefills, and replay equals eager at every step."""
+    rep = _report(tmp_path, ["--model", tiny_path, "--mode", "full_and_piecewise", "--spec-tokens", "2",
+                             "--steps", "80", "--seed", "3", "--island", "gdn_core"])
+    script = _module(rep / SCRIPT, "script_k2")
+    seen = collections.Counter()
+    dispatch0, spec0 = script.GraphRunner.dispatch, script.MetadataBuilder._spec
+
+    def counted_dispatch(self, st):
+        out = dispatch0(self, st)
+        seen[out[0]] += 1
+        return out
+
+    def counted_spec(self, st, rows):
+        meta = spec0(self, st, rows)
+        seen["mixed" if meta["mixed"] else "spec"] += 1
+        return meta
+    script.GraphRunner.dispatch, script.MetadataBuilder._spec = counted_dispatch, counted_spec
+    assert script.main(["--device", "cpu"]) == 0
+    assert seen["full"] and seen["piecewise"] and seen["mixed"] and seen["spec"], seen
+
+
+@pytest.mark.parametrize("stack, expect", [("vllm-0.33-mrv1", 1), ("fixed", 0)])
+def test_a_blind_53051_finding_reproduces_in_the_script_under_its_stack(stack, expect, tiny_path, tmp_path):
+    """The rules travel with the result: under vLLM 0.33.0's rules the script's FULL graph swallows
+    the 3-token prompt at the suite's first divergence; under the fixed stack it is clean."""
+    seq = tmp_path / "seq.json"
+    seq.write_text(json.dumps(PROMPT_OF_1_PLUS_K))
+    rep = _report(tmp_path, ["--model", tiny_path, "--sequence", str(seq), "--stack", stack,
+                             "--mode", "full_and_piecewise", "--island", "gdn_core"])
+    doc = json.loads((rep / "result.json").read_text())
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    p = subprocess.run([sys.executable, SCRIPT, "--device", "cpu"], cwd=rep, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == expect, p.stdout + p.stderr
+    got = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    if expect:
+        fd = doc["results"][0]["first_divergence"]
+        assert (got["step"], got["island"], got["tensor"]) == (fd["step"], fd["island"], fd["tensor"])
+        text = (rep / "REPORT.md").read_text()  # the report blames the stack's rules, not the graph stack
+        assert "depart from the fixed form in `uniform_decode`" in text and "vLLM #53051" in text
+        assert "repro run --stack fixed --mode full_and_piecewise --sequence sequence.json" in text
