@@ -352,3 +352,24 @@ def test_a_record_hazard_without_a_generated_script_names_its_hand_written_one()
     from repro.report import standalone_gap
     why = standalone_gap({"island": "chain", "hazards": ["shape-only-uniform-decode"], "repairs": []})
     assert "repro/report/standalone/vllm_53051.py (vLLM #53051)" in why and "vllm_51565" not in why
+
+
+def test_a_fault_both_copies_share_gets_no_generated_script(tiny_path, tmp_path):
+    """vLLM #51565 under vllm-0.26's rules: a one-token first chunk continues the state its block
+    held, in eager and replay alike, so only the third copy departs. The generated script compares
+    eager with replay and would call it clean, so the report writes none and names the hand-written
+    reproducer of #51565 instead."""
+    from repro.report import SCRIPT, load_result, write_report
+    seq = {"requests": [{"rid": i, "prompt_len": 1, "decode_steps": 0, "arrive": i, "preempt_after": None,
+                         "accept": None} for i in (0, 1)], "num_slots": 1, "max_tokens": 16, "vocab": 512, "seed": 0,
+           "steps": [{"step": i, "request_ids": [i], "slots": [1], "query_lens": [1], "has_initial_state": [False],
+                      "token_ids": [105 + i], "num_computed": [0], "prompt_lens": [1]} for i in (0, 1)]}
+    (tmp_path / "s.json").write_text(json.dumps(seq))
+    res = tmp_path / "r.json"
+    assert main(["run", "--model", tiny_path, "--device", "cpu", "--sequence", str(tmp_path / "s.json"),
+                 "--stack", "vllm-0.26", "--island", "gdn_core", "--json", str(res)]) == 1
+    doc = load_result(res)
+    assert doc["results"][0]["microscope"]["departed"] == "both"
+    rep = write_report(doc, tmp_path / "rep", verify=False)
+    assert not (rep / SCRIPT).exists()
+    assert "vllm_51565.py" in (rep / "REPORT.md").read_text()

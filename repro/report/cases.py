@@ -121,7 +121,7 @@ def _unplanted(stack: str) -> str:
         return (f"No hazard was planted, but the case ran under the `{stack}` stack, whose control rules depart "
                 f"from the fixed form in {', '.join(f'`{x}`' for x in departs)} ({cases or 'no record hazard'}). A "
                 f"divergence here comes from one of those rules: `repro hunt --stack {stack}` names the rule whose "
-                "fixed form clears it, and the standalone script runs under the same rules.")
+                "fixed form clears it, and a generated standalone script runs under the same rules.")
     return ("No hazard was planted: the runner pads with the kernel's sentinel, keeps the splitting op's "
             "outputs in place and recaptures nothing. A divergence here is a defect of the graph stack "
             "(capture, replay, pool or kernels under capture) on this device: the upstream bug.")

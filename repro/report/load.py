@@ -50,8 +50,9 @@ def _hand_written(hazards=None) -> str:
 
 def standalone_gap(r: dict) -> str | None:
     """Why no standalone script can be generated for result `r` (None: it can). The generated
-    script drives steps with draft tokens or without, but no dummy steps and no prefix caching;
-    where a hazard has a hand-written reproducer, the reason names it."""
+    script drives steps with draft tokens or without, but no dummy steps and no prefix caching, and
+    it compares eager with replay (no third copy); where a hazard has a hand-written reproducer, the
+    reason names it."""
     if r["island"] not in hz.CHAIN_ISLANDS:
         return f"island {r['island']} is not rebuilt by the standalone script yet (it covers the GDN layer chain)"
     bad = [h for h in r["hazards"] if not hz.HAZARDS[h].standalone]
@@ -63,6 +64,10 @@ def standalone_gap(r: dict) -> str | None:
     bad = [x for x in r["repairs"] if not hz.REPAIRS[x].standalone]
     if bad:
         return f"repair {', '.join(bad)} is not rebuilt by the standalone script yet"
+    if (r.get("microscope") or {}).get("departed") == "both":
+        return ("eager and replay agree here and the independent third copy departs from both: a fault both copies "
+                "share, which the generated script cannot show, since it compares eager with replay (hand-written "
+                f"reproducers: {_hand_written()})")
     lacks = [what for what, on in (("an idle rank's dummy steps", r.get("data_parallel")),
                                    (f"prefix caching (block size {r.get('block_size')})", r.get("block_size")))
              if on]
