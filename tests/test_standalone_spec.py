@@ -60,10 +60,13 @@ def _report(tmp_path, argv, case=0):
     return write_report(load_result(res), tmp_path / "rep", index=case, verify=False)
 
 
-def test_a_k2_baseline_replays_equal_to_eager_through_full_spec_decodes_and_mixed_batches(tiny_path, tmp_path):
-    """80 steps at K = 2 in full_and_piecewise: the script's runner replays FULL graphs of spec rows
-    and runs batches that mix spec rows with prefills, and replay equals eager at every step."""
-    rep = _report(tmp_path, ["--model", tiny_path, "--mode", "full_and_piecewise", "--spec-tokens", "2",
+@pytest.mark.parametrize("mode, mixed_runtime", [("full_and_piecewise", "piecewise"), ("full_decode_only", None)])
+def test_a_k2_baseline_replays_equal_to_eager_through_full_spec_decodes_and_mixed_batches(mode, mixed_runtime,
+                                                                                          tiny_path, tmp_path):
+    """80 steps at K = 2: the script's runner replays FULL graphs of spec rows and runs batches that
+    mix spec rows with prefills (PIECEWISE graphs, or eagerly where the mode has none), and replay
+    equals eager at every step."""
+    rep = _report(tmp_path, ["--model", tiny_path, "--mode", mode, "--spec-tokens", "2",
                              "--steps", "80", "--seed", "3", "--island", "gdn_core"])
     script = _module(rep / SCRIPT, "script_k2")
     seen = collections.Counter()
@@ -80,7 +83,7 @@ def test_a_k2_baseline_replays_equal_to_eager_through_full_spec_decodes_and_mixe
         return meta
     script.GraphRunner.dispatch, script.MetadataBuilder._spec = counted_dispatch, counted_spec
     assert script.main(["--device", "cpu"]) == 0
-    assert seen["full"] and seen["piecewise"] and seen["mixed"] and seen["spec"], seen
+    assert seen["full"] and seen[mixed_runtime] and seen["mixed"] and seen["spec"], seen
 
 
 @pytest.mark.parametrize("stack, expect", [("vllm-0.33-mrv1", 1), ("fixed", 0)])
