@@ -17,17 +17,17 @@ It rebuilds one Qwen3.6-35B-A3B (W8A8 INT8) GDN layer as vLLM's PIECEWISE split 
               post-attention norm -> MoE (router softmax, top-k renormalised, W8A8 experts,
               sigmoid-gated shared expert) -> residual -> next layer's input norm
 
-and runs the recorded request steps through two copies, each with its own state cache:
-an eager copy (exact shapes, no padding, metadata built afresh each step) and a graph copy
-driven like vLLM's V1 runner (`vllm/v1/worker/gpu_model_runner.py`), with the K draft tokens a
-decode carried in the suite's run (K = 0: none): the uniform-decode decision and the dispatcher
-pick FULL, PIECEWISE or eager and the capture size a step pads to; a persistent `input_ids` is
+and runs the recorded request steps through two copies, each with its own state cache: an eager
+copy (exact shapes, no padding, metadata built afresh each step) and a graph copy driven like
+vLLM's V1 runner (`vllm/v1/worker/gpu_model_runner.py`), with the K draft tokens a decode
+carried in the suite's run (K = 0: none): the uniform-decode decision and the dispatcher pick
+FULL, PIECEWISE or eager and the capture size a step pads to; a persistent `input_ids` is
 addressed by slicing; graphs are captured lazily on the first step of a key, after a warm-up
 run, into one pool. PIECEWISE: submod0 and submod1 are graphs and gdn_core runs eagerly between
 them. FULL (a uniform decode, in `full_and_piecewise` or `full_decode_only`): the whole chain is
-one graph, captured over the GDN metadata builder's persistent buffers (state indices; with K > 0 the spec rows' 1+K state
-blocks, query start locations and accepted counts), which the builder refreshes only for a
-batch with no prefill (`vllm/v1/attention/backends/gdn_attn.py:
+one graph, captured over the GDN metadata builder's persistent buffers (state indices, and with
+drafts the spec rows' 1+K state blocks, query start locations and accepted counts), which the
+builder refreshes only for a batch with no prefill (`vllm/v1/attention/backends/gdn_attn.py:
 GDNAttentionMetadataBuilder.build`); a FULL replay's padded rows read whatever the last such
 staging, or the capture, left there unless staging pads them. After every step every island
 output (live rows) and the state rows of the step's slots are compared bit for bit; the first
