@@ -9,6 +9,7 @@ from ..knobs import hazards as hz
 from ..knobs.options import Pad
 from ..knobs.stacks import differs
 from ..knobs.stacks import stack as stack_profile
+from ..search.blame import explain as explain_rules
 
 ISSUE_URLS = {
     "vLLM": "https://github.com/vllm-project/vllm/issues/{}",
@@ -116,8 +117,7 @@ def _unplanted(stack: str) -> str:
     departs from the fixed form, else the graph stack itself."""
     departs = differs(stack_profile(stack).rules)
     if departs:
-        cases = "; ".join(f"{h.cases} (hazard {h.name})" for h in hz.HAZARDS.values()
-                          if h.record and set(h.rules) & set(departs))
+        cases = explain_rules(departs)[1]
         return (f"No hazard was planted, but the case ran under the `{stack}` stack, whose control rules depart "
                 f"from the fixed form in {', '.join(f'`{x}`' for x in departs)} ({cases or 'no record hazard'}). A "
                 f"divergence here comes from one of those rules: `repro hunt --stack {stack}` names the rule whose "

@@ -225,7 +225,7 @@ def repairs(f: Facts) -> list[str]:
                            if any(k.startswith("runner.") for k in x.sets) and not x.device_only)
         stack = f.r.get("stack") or "fixed"
         if stack != "fixed":
-            L.append(f"Nothing was planted; the case ran under the `{stack}` stack's control rules. Every known fix "
+            L.append(f"The case ran under the `{stack}` stack's control rules. Every known fix "
                      f"at once: `repro run --stack fixed --mode {f.r['mode']} --sequence sequence.json`; the rule "
                      f"that clears it alone: `repro hunt --stack {stack}`.")
             L.append("")

@@ -124,13 +124,13 @@ def spec_tokens(r: dict, seqj: dict) -> int:
 
 def build_spec(doc, r, steps, seqj, model, sentinel, title, weights) -> dict:
     c, q = config_of(model)
-    fd = r.get("first_divergence")
+    fd, k = r.get("first_divergence"), spec_tokens(r, seqj)
     return {"title": title, "hazards": list(r["hazards"]), "repairs": list(r["repairs"]),
             "default_repairs": default_repairs(r), "knobs": knobs(),
             "families": sorted(kind(r["island"]).eager),
             "mode": r["mode"], "rules": rules(r), "island": r["island"], "sentinel": kernel_sentinel(r, sentinel),
-            "sizes": list(default_capture_sizes(seqj.get("num_slots", 8), seqj.get("max_tokens", 16), spec_tokens(r, seqj))),
-            "spec_tokens": spec_tokens(r, seqj), "num_slots": seqj.get("num_slots", 8),
+            "sizes": list(default_capture_sizes(seqj.get("num_slots", 8), seqj.get("max_tokens", 16), k)),
+            "spec_tokens": k, "num_slots": seqj.get("num_slots", 8),
             "max_tokens": max([seqj.get("max_tokens", 16)] + [len(s["token_ids"]) for s in steps]),
             "config": c, "quantised": q, "weights": weights,
             "embed_ids": sorted({t for s in steps for t in s["token_ids"]} | {0}), "steps": steps,
