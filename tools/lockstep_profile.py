@@ -45,6 +45,7 @@ def main() -> int:
     ap.add_argument("--case", default="chain:full", help="island:mode, as lockrates.CASES")
     ap.add_argument("--check", default="device")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--spec-tokens", type=int, default=0, help="K draft tokens a decode, as bench --spec-tokens")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--torch-profiler", action="store_true",
                     help="torch.profiler (host time per op, custom ops included) instead of cProfile")
@@ -63,6 +64,9 @@ def main() -> int:
         provider = make_provider(a.device)
         model = Model(checkpoint_for(a.preset, provider.device), provider.device)
         seq = default_sequence(0, a.steps, vocab=model.cfg.vocab_size)
+        if a.spec_tokens:  # as lockrates.lockstep_rates builds its K > 0 sequence
+            seq = default_sequence(0, a.steps, vocab=model.cfg.vocab_size, spec_tokens=a.spec_tokens,
+                                   max_tokens=seq.max_tokens * (1 + a.spec_tokens))
         run_checked(model, provider, island, mode, seq, a.check)  # compiles, autotunes, captures
         if a.torch_profiler:
             import torch.profiler as tp
@@ -82,7 +86,7 @@ def main() -> int:
         r = run_checked(model, provider, island, mode, seq, a.check)
         prof.disable()
         wall = time.perf_counter() - t
-    print(f"{a.case} {a.check}, {r.steps} steps in {wall:.2f} s under cProfile ({r.steps / wall:.1f} steps/s); "
+    print(f"{a.case} K={a.spec_tokens} {a.check}, {r.steps} steps in {wall:.2f} s under cProfile ({r.steps / wall:.1f} steps/s); "
           f"phases: {r.phases.get('us_per_step')}")
     if a.device.startswith("cuda"):
         print(launch_cost(a.device))
