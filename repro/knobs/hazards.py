@@ -138,11 +138,11 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            "rows of finished requests, never cleared nor committed, and its replay writes their state blocks, which "
            "later requests own", ("clear-and-commit",),
            {"control.clear_finished_row": False, "control.dummy_commits_block_table": False}, modes=("full",),
-           data_parallel=True, record=True, cases="vLLM #37728", trigger="dummy-after-finish"),
+           data_parallel=True, record=True, standalone=True, cases="vLLM #37728", trigger="dummy-after-finish"),
     Hazard("dummy-reuses-staging", "a FULL dummy run replays the decode graph without re-staging the builder's "
            "buffers: it reads the last real decode batch's state indices and writes those requests' state with "
            "dummy tokens", ("restage-dummy",), {"control.dummy_restages": False}, modes=("full",),
-           data_parallel=True, record=True, cases="vLLM #49757", trigger="dummy-after-decode"),
+           data_parallel=True, record=True, standalone=True, cases="vLLM #49757", trigger="dummy-after-decode"),
     Hazard("comm-noop-capture", "the all-reduce is a no-op while capturing, so replay never reduces",
            ("eager-family=comm",), {"comm.noop_capture": True}, islands=("forced_comm",),
            cases="lab: VLLM_XPU_GRAPH_NOOP_COMM_CAPTURE"),
@@ -190,9 +190,10 @@ REPAIRS: dict[str, Repair] = {r.name: r for r in [
     Repair("is-prefilling-first-chunk", "a one-token first chunk with no prior state is a prefill",
            {"control.first_chunk": FirstChunk.IS_PREFILLING}, cases="vLLM #51565"),
     Repair("clear-and-commit", "a finished request's block-table row is cleared, and a dummy run commits its rows",
-           {"control.clear_finished_row": True, "control.dummy_commits_block_table": True}, cases="vLLM #37728"),
+           {"control.clear_finished_row": True, "control.dummy_commits_block_table": True}, cases="vLLM #37728",
+           standalone=True),
     Repair("restage-dummy", "a FULL dummy run builds its metadata as for capture, re-staging the builder's buffers",
-           {"control.dummy_restages": True}, cases="vLLM #49757"),
+           {"control.dummy_restages": True}, cases="vLLM #49757", standalone=True),
 ]}
 
 # Runner finding kinds that mean a planted hazard was seen (not merely noted, like an alias): a

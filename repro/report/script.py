@@ -47,11 +47,17 @@ def full_decode(mode: str) -> bool:
     return parse_mode(mode).has(Runtime.FULL)
 
 
+# The control rules the script's runner rebuilds (`knobs.options.ControlRules`); the replay-side
+# assertion of vLLM PR #55123 is not among them, so no hazard or repair that sets it is standalone.
+SCRIPT_RULES = ("uniform_decode", "first_chunk", "clear_finished_row", "move_row_zeroes_source",
+                "dummy_commits_block_table", "dummy_restages")
+
+
 def rules(r: dict) -> dict:
-    """The control rules the script's runner reads, as the case ran them (its stack profile, then its
-    knobs): when a batch is a uniform decode, and how the builder classes a one-token first chunk."""
-    c = hz.options_for(r["hazards"], r["repairs"], r.get("stack") or "fixed").control
-    return {"uniform_decode": c.uniform_decode.value, "first_chunk": c.first_chunk.value}
+    """The control rules of the stack profile the case ran on, as the script's runner reads them;
+    the case's hazards and repairs change them in the script, as the spec's knobs say."""
+    c = hz.options_for((), (), r.get("stack") or "fixed").control
+    return {name: _plain(getattr(c, name)) for name in SCRIPT_RULES}
 
 
 def _plain(v):

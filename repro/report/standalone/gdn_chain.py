@@ -29,9 +29,13 @@ one graph, captured over the GDN metadata builder's persistent buffers (state in
 drafts the spec rows' 1+K state blocks, query start locations and accepted counts), which the
 builder refreshes only for a batch with no prefill (`vllm/v1/attention/backends/gdn_attn.py:
 GDNAttentionMetadataBuilder.build`); a FULL replay's padded rows read whatever the last such
-staging, or the capture, left there unless staging pads them. After every step every island
-output (live rows) and the state rows of the step's slots are compared bit for bit; the first
-difference is printed.
+staging, or the capture, left there unless staging pads them. The builder reads each request's
+blocks from the runner's persistent batch and block table (rows that outlive requests, holes,
+`condense()`, a commit before each build). A dummy step (an idle data-parallel rank's
+`_dummy_run(1+K, uniform_decode=True)`) runs nothing in the eager copy; in the graph copy a FULL
+dispatch commits, re-stages and replays as the rules say, writing the state blocks of whatever rows
+it read. After every step every island output (live rows) and the state rows of the step's slots
+(after a dummy step, every block) are compared bit for bit; the first difference is printed.
 
 Graphs: torch.cuda.CUDAGraph on CUDA; torch.xpu.XPUGraph (torch >= 2.11) or
 intel_extension_for_pytorch.xpu.XPUGraph (IPEX 2.6/2.7) on XPU; on a CPU, a small emulation
@@ -67,8 +71,14 @@ SPEC_JSON = None  # @SPEC@ (filled in by `repro report`)
 # script rebuilds, at their defaults. `repro report` writes, into the spec, which options each
 # hazard and repair of the table sets (only rows marked `standalone`); the script reads options,
 # never a hazard's name.
+# The control rules (`control.*`) start from the stack profile the suite ran (`spec["rules"]`), which
+# a hazard or repair of the table may then change like any other option; their defaults are the
+# fixed forms.
 OPTION_DEFAULTS = {"runner.pad": "sentinel", "runner.copy_inputs": False, "runner.recapture": False,
-                   "runner.eager_families": [], "island.fresh_core_out": False, "island.trim_moe_to_context": False}
+                   "runner.eager_families": [], "island.fresh_core_out": False, "island.trim_moe_to_context": False,
+                   "control.uniform_decode": "phase-aware", "control.first_chunk": "is-prefilling",
+                   "control.clear_finished_row": True, "control.move_row_zeroes_source": True,
+                   "control.dummy_commits_block_table": True, "control.dummy_restages": True}
 
 
 def die(msg: str, code: int = 2):
@@ -77,10 +87,11 @@ def die(msg: str, code: int = 2):
 
 
 def options_for(spec, hazards, repairs):
-    """(eager copy's options, replay copy's options): hazards' settings first, then the repairs'
-    (a repair wins); a family set is a union; an island option of a replay-only hazard (a
-    compiler's doing to a captured piece) reaches the replay copy alone."""
-    eager, replay = dict(OPTION_DEFAULTS), dict(OPTION_DEFAULTS)
+    """(eager copy's options, replay copy's options): the stack's control rules, then hazards'
+    settings, then the repairs' (a repair wins); a family set is a union; an island option of a
+    replay-only hazard (a compiler's doing to a captured piece) reaches the replay copy alone."""
+    stack = {f"control.{k}": v for k, v in spec.get("rules", {}).items()}
+    eager, replay = {**OPTION_DEFAULTS, **stack}, {**OPTION_DEFAULTS, **stack}
     eager["runner.eager_families"] = replay["runner.eager_families"] = list(spec["families"])
     rows = [(spec["knobs"]["hazards"][h], True) for h in hazards] + \
         [(spec["knobs"]["repairs"][r], False) for r in repairs]
@@ -321,15 +332,14 @@ SUBMOD1_OUT = ("hidden", "next_normed")
 # vLLM's V1 runner on a step: which graph it replays, and the GDN metadata its builder hands the
 # core. With k draft tokens a decode (`spec["spec_tokens"]`), a decode row's query is its drafts plus
 # one token, its state is its block-table row's first 1+k columns and its accepted count names the
-# column it continues from. The rules are the ones the suite ran with (`spec["rules"]`, from its
-# stack profile); a step's optional lists default as the suite's `StepBatch` defaults them.
+# column it continues from. The rules are the ones the suite ran with (its stack profile and knobs:
+# the `control.*` options); a step's optional lists default as the suite's `StepBatch` defaults them.
 
 # vLLM's graph modes as (uniform-decode runtime, mixed runtime) (`vllm/config/compilation.py:
 # CUDAGraphMode`); `full` resolves to FULL_AND_PIECEWISE for GDN, whose builder captures uniform
 # batches only (`GDNAttentionMetadataBuilder._cudagraph_support = UNIFORM_BATCH`).
 MODES = {"none": (None, None), "piecewise": ("piecewise", "piecewise"), "full": ("full", "piecewise"),
          "full_decode_only": ("full", None), "full_and_piecewise": ("full", "piecewise")}
-RULE_DEFAULTS = {"uniform_decode": "phase-aware", "first_chunk": "is-prefilling"}
 
 
 def computed(st):
@@ -359,6 +369,11 @@ def draft_counts(st):
         n = d if d > 0 and q == d + 1 else -1
         out.append(0 if n < 0 and c >= p and q == 1 else n)
     return out
+
+
+def block_rows(st):
+    """Each request's state blocks: its `blocks` row, or its slot alone."""
+    return st["blocks"] if "blocks" in st else [[s] for s in st["slots"]]
 
 
 def state_blocks(st):
@@ -405,6 +420,74 @@ def capture_sizes(sizes, full_decode, k):
         return sizes
     rounded = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= sizes[-1]})
     return rounded or ([q] if q <= sizes[-1] else [])
+
+
+class InputBatch:
+    """The runner's persistent batch: a row per request and the block table of their state blocks
+    (`vllm/v1/worker/gpu_input_batch.py: InputBatch`, `vllm/v1/worker/block_table.py: BlockTable`).
+    Rows outlive requests: a request that leaves makes a hole (its row cleared if
+    `control.clear_finished_row`, `remove_request`), a new one takes the lowest hole, and
+    `condense()` moves the last live rows into the lowest holes (zeroing the row it moved from if
+    `control.move_row_zeroes_source`, `move_row`). The table is host-side; `commit(n)`
+    (`commit_block_table`) copies its first n rows to the copy the metadata reads, whose other rows
+    keep what they held: what a dummy run reads past the live rows."""
+
+    def __init__(self, max_reqs, width, null, opts):
+        self.null, self.opts = null, opts
+        self.table = [[null] * width for _ in range(max_reqs)]
+        self.committed = [row[:] for row in self.table]
+        self.row_of = {}
+        self.num_rows = 0  # rows in use, holes included
+
+    def remove(self, rid):
+        row = self.row_of.pop(rid, None)
+        if row is not None and self.opts["control.clear_finished_row"]:
+            self.table[row] = [self.null] * len(self.table[row])
+
+    def add(self, rid, blocks):
+        used = set(self.row_of.values())
+        row = next((r for r in range(self.num_rows) if r not in used), self.num_rows)
+        if row >= len(self.table):
+            raise RuntimeError(f"no free row: {len(self.table)} rows are in use")
+        self.table[row][:len(blocks)] = list(blocks)
+        self.row_of[rid] = row
+        self.num_rows = max(self.num_rows, row + 1)
+
+    def condense(self):
+        live = sorted(self.row_of.values())
+        rid_at = {r: rid for rid, r in self.row_of.items()}
+        for hole in [r for r in range(self.num_rows) if r not in set(live)]:
+            if not live or hole >= live[-1]:
+                break
+            last = live.pop()
+            self.table[hole] = self.table[last][:]
+            if self.opts["control.move_row_zeroes_source"]:
+                self.table[last] = [self.null] * len(self.table[last])
+            self.row_of[rid_at[last]] = hole
+            live = sorted(live + [hole])
+        self.num_rows = len(self.row_of)
+
+    def update(self, scheduled):
+        """`_update_states`: a request not scheduled this step leaves (finished, preempted or waiting:
+        vLLM removes it and adds it back when it is scheduled again), one whose blocks changed (resumed
+        after a preemption) is added anew, new ones take rows, then `condense()`."""
+        now = dict(scheduled)
+        for rid in [r for r in self.row_of if r not in now]:
+            self.remove(rid)
+        for rid, blocks in scheduled:
+            row = self.row_of.get(rid)
+            if row is not None and self.table[row][:len(blocks)] != list(blocks):
+                self.remove(rid)
+            if rid not in self.row_of:
+                self.add(rid, blocks)
+        self.condense()
+
+    def commit(self, n):
+        self.committed[:n] = [row[:] for row in self.table[:n]]
+
+    def rows(self, rids):
+        """The committed rows of these requests, in this order."""
+        return [self.committed[self.row_of[r]] for r in rids]
 
 
 def _qsl(lens):
@@ -528,11 +611,13 @@ class EagerRunner:
     """The reference: every island eager, exact shapes, no padding, metadata built afresh each step
     (a builder without FULL graphs never stages)."""
 
-    def __init__(self, copy, rules, k):
+    def __init__(self, copy, opts, k):
         self.copy = copy
-        self.builder = MetadataBuilder(k, 1, copy.device, False, None, rules["first_chunk"])
+        self.builder = MetadataBuilder(k, 1, copy.device, False, None, opts["control.first_chunk"])
 
     def step(self, st):
+        if st.get("dummy"):  # no metadata: the GDN layer treats the call as a warm-up, no state changes
+            return {}
         c = self.copy
         c.ctx.values["num_actual_tokens"] = len(st["token_ids"])
         o0 = c.submod0(torch.tensor(st["token_ids"], dtype=torch.long, device=c.device))
@@ -648,22 +733,25 @@ class GraphRunner:
     uniform-decode decision and the dispatcher pick the runtime (FULL, PIECEWISE or eager) and the
     size it pads to; the persistent `input_ids` is filled; a key's graphs are captured lazily into
     one pool after a warm-up; the metadata builder builds (and, for a batch with no prefill, stages)
-    the step's metadata; then FULL replays the whole chain over the builder's buffer, PIECEWISE
-    replays submod0 and submod1 around an eager gdn_core, eager runs the chain at the step's size."""
+    the step's metadata from the committed block table; then FULL replays the whole chain over the
+    builder's buffer, PIECEWISE replays submod0 and submod1 around an eager gdn_core, eager runs the
+    chain at the step's size. A dummy step (an idle data-parallel rank) is `_dummy_run`."""
 
-    def __init__(self, copy, graphs, spec, opts, rules):
+    def __init__(self, copy, graphs, spec, opts):
         self.copy, self.graphs = copy, graphs
         self.decode, self.mixed = MODES[spec["mode"]]
         self.k = k = spec.get("spec_tokens", 0)
         self.sizes = capture_sizes(spec["sizes"], self.decode == "full", k)
         self.max_num_seqs = spec["num_slots"]
-        self.opts, self.rules = opts, rules
+        self.opts = opts
         self.eager_family = set(opts["runner.eager_families"])
         self.sentinel = copy.sentinel
         n = max(spec["max_tokens"], max(self.sizes))
         self.input_ids = torch.zeros(n, dtype=torch.long, device=copy.device)
-        self.builder = MetadataBuilder(k, max(self.max_num_seqs, max(self.sizes)), copy.device,
-                                       self.decode == "full", self._pad_value(), rules["first_chunk"])
+        rows = max(self.max_num_seqs, max(self.sizes))
+        self.batch = InputBatch(rows, 1 + k, self.sentinel, opts)
+        self.builder = MetadataBuilder(k, rows, copy.device, self.decode == "full", self._pad_value(),
+                                       opts["control.first_chunk"])
         self.captured = {}
         self.notes = []
         self.last = None  # the last step's (runtime, size, rows)
@@ -683,13 +771,20 @@ class GraphRunner:
         CudagraphDispatcher.dispatch` picks them: pad to the smallest capture size; a uniform decode
         replays the FULL graph of that size when the mode has one (sizes that are multiples of 1+k
         up to (1+k) * max_num_seqs, a row every 1+k tokens); otherwise the PIECEWISE graphs when the
-        mode has them; else eager (None) at the step's own size, as above the largest capture size."""
-        n, reqs, q = len(st["token_ids"]), len(st["query_lens"]), 1 + self.k
+        mode has them; else eager (None) at the step's own size, as above the largest capture size. A
+        dummy step dispatches 1+k tokens with the uniform flag forced (`_dummy_run(1+k,
+        uniform_decode=True)`)."""
+        if st.get("dummy"):
+            return self._key(1 + self.k, 1, True)
+        return self._key(len(st["token_ids"]), len(st["query_lens"]),
+                         uniform_decode(st, self.opts["control.uniform_decode"], self.k))
+
+    def _key(self, n, reqs, uniform):
+        q = 1 + self.k
         size = next((s for s in self.sizes if s >= n), None)
         if size is None:
             return None, n, reqs
-        if self.decode == "full" and size <= q * self.max_num_seqs and size % q == 0 and \
-                uniform_decode(st, self.rules["uniform_decode"], self.k):
+        if self.decode == "full" and size <= q * self.max_num_seqs and size % q == 0 and uniform:
             return "full", size, size // q
         if self.mixed == "piecewise":
             return "piecewise", size, reqs
@@ -760,6 +855,25 @@ class GraphRunner:
             cap = self.captured[(runtime, size)] = self._capture(runtime, size)
         return cap
 
+    def _dummy_run(self, st):
+        """`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._dummy_run(1+k, uniform_decode=True)`: only
+        a FULL dispatch touches state. It commits the block table for its rows
+        (`control.dummy_commits_block_table`), builds its metadata as for capture from the committed
+        rows, one row of 1+k tokens, re-staging the builder's buffers (`control.dummy_restages`; else
+        they keep the last real decode's staging), and replays; its outputs are discarded."""
+        runtime, size, rows = self.last
+        if runtime != "full":
+            return
+        if self.opts["control.dummy_commits_block_table"]:
+            self.batch.commit(rows)
+        cap = self._entry(runtime, size, st["step"])
+        if self.opts["control.dummy_restages"]:
+            q = 1 + self.k
+            self.builder.build({"query_lens": [q], "draft_lens": [self.k], "num_computed": [1], "prompt_lens": [1],
+                                "num_accepted": [q], "has_initial_state": [True], "token_ids": [0] * q,
+                                "blocks": [self.batch.committed[0]]}, rows)
+        cap["graphs"][0].replay()
+
     def pad_rows(self, st):
         """(size, padded rows' state indices) of a FULL step, as its replay read them; None otherwise."""
         if self.last is None or self.last[0] != "full":
@@ -770,12 +884,18 @@ class GraphRunner:
 
     def step(self, st):
         c = self.copy
-        n = len(st["token_ids"])
+        self.batch.update(list(zip(st["request_ids"], block_rows(st))))  # `_update_states`
         runtime, size, rows = self.last = self.dispatch(st)
+        if st.get("dummy"):
+            self._dummy_run(st)
+            return {}
+        n = len(st["token_ids"])
         self._fill(n, size, st)
         c.ctx.values["num_actual_tokens"] = n
         cap = self._entry(runtime, size, st["step"]) if runtime else None
-        meta = self.builder.build(st, rows)  # after a capture, which stages its own metadata first
+        # after a capture, which stages its own metadata first: the committed rows of the step's requests
+        self.batch.commit(self.batch.num_rows)
+        meta = self.builder.build({**st, "blocks": self.batch.rows(st["request_ids"])}, rows)
         if cap is None:
             o0 = c.submod0(self.input_ids[:n])
             core = c.gdn_core(o0["qkv"], o0["b"], o0["a"], o0["core_out"], meta)
@@ -825,7 +945,9 @@ def first_difference(st, eager_out, replay_out, eager, replay):
                     "max_abs": float((a.float() - b.float()).abs().nan_to_num(float("inf")).max())}
     for name, ta in eager.state().items():
         tb = replay.state()[name]
-        for slot in sorted(set(st["slots"]) | set(st.get("live_slots", []))):
+        # after a dummy run every block: its writes go wherever the rows it read point
+        slots = range(ta.shape[0]) if st.get("dummy") else sorted(set(st["slots"]) | set(st.get("live_slots", [])))
+        for slot in slots:
             at = slot % ta.shape[0]
             if not torch.equal(ta[at], tb[at]):
                 rid = next((r for r, s in zip(st["request_ids"], st["slots"]) if s == slot), None)
@@ -876,9 +998,8 @@ def main(argv=None) -> int:
         P = load_weights(spec, device)
         graphs = Graphs(device)
         eager_copy, replay_copy = LayerCopy(P, spec, eager_opts, device), LayerCopy(P, spec, replay_opts, device)
-        rules = {**RULE_DEFAULTS, **spec.get("rules", {})}
-        eager = EagerRunner(eager_copy, rules, spec.get("spec_tokens", 0))
-        runner = GraphRunner(replay_copy, graphs, spec, replay_opts, rules)
+        eager = EagerRunner(eager_copy, eager_opts, spec.get("spec_tokens", 0))
+        runner = GraphRunner(replay_copy, graphs, spec, replay_opts)
         w = spec["weights"]
         print(f"torch {torch.__version__} on {device_name(device)}; graphs: {graphs.api}")
         print(f"mode {spec['mode']}; hazard {', '.join(hazards) or 'none'}; "
@@ -895,10 +1016,15 @@ def main(argv=None) -> int:
                 n = len(st["token_ids"])
                 runtime, size, _ = runner.last
                 pads = runner.pad_rows(st)
-                print(f"  this step: requests {st['request_ids']} slots {st['slots']} query_lens {st['query_lens']}"
-                      + (f", {runtime} padded to {size}" if runtime else ", run eagerly (not graphed)")
-                      + (f": padded rows' state indices {pads[1]}" if pads else "")
-                      + (f", input ids {runner.input_ids[n:size].tolist()}" if runtime and size > n else ""))
+                if st.get("dummy"):
+                    print(f"  this step: a dummy step (an idle data-parallel rank's `_dummy_run`), {runtime} at "
+                          f"{size} tokens over state indices {pads[1] if pads else []}; the eager copy runs nothing")
+                else:
+                    print(f"  this step: requests {st['request_ids']} slots {st['slots']} "
+                          f"query_lens {st['query_lens']}"
+                          + (f", {runtime} padded to {size}" if runtime else ", run eagerly (not graphed)")
+                          + (f": padded rows' state indices {pads[1]}" if pads else "")
+                          + (f", input ids {runner.input_ids[n:size].tolist()}" if runtime and size > n else ""))
                 if prev is not None:
                     print(f"  previous step: requests {prev['request_ids']} slots {prev['slots']} "
                           f"query_lens {prev['query_lens']}")
