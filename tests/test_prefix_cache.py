@@ -310,3 +310,28 @@ def test_run_with_a_block_size_exits_0_on_the_default_plan(capsys, tiny_path):
     rc = main(["run", "--model", tiny_path, "--device", "cpu", "--block-size", str(BS), "--steps", "40",
                "--mode", "full"])
     assert rc == 0, capsys.readouterr()
+
+
+@pytest.mark.parametrize("which", ["eager", "graph"])
+def test_a_dummy_step_makes_the_boundary_copies_its_previous_step_queued(setup, which):
+    """vLLM saves a spec decode's block-boundary state at the end of the step that kept its tokens
+    (`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._update_states_after_model_execute` ->
+    `postprocess_mamba_align_gpu`), whatever the rank runs next. The rebuild queues those copies for
+    the next step (`post_copies`), so an idle rank's dummy step makes them, in every copy: the block
+    holds the boundary state a later prefix hit reads."""
+    from repro.capture.runner import GraphRunner
+    model, provider = setup
+    copy = model.copy(num_slots=2, spec_tokens=2)
+    g = torch.Generator().manual_seed(1)
+    for t in copy.cache.tensors().values():
+        t.copy_(torch.randn(t.shape, generator=g).to(t.dtype))
+    before = {k: v.clone() for k, v in copy.cache.tensors().items()}
+    runner = EagerRunner(copy) if which == "eager" else GraphRunner(copy, provider, "full_and_piecewise")
+    dst, conv_src, offset, ssm_src = 3, 1, 1, 2
+    runner.step(StepBatch([], [], [], [], [], dummy=True, block_size=BS, post_copies=[[dst, conv_src, offset, ssm_src]]))
+    conv, ssm = copy.cache.conv, copy.cache.ssm
+    w = conv.shape[-1] - offset
+    assert torch.equal(conv[dst, :, :w], before["conv_state"][conv_src, :, offset:])
+    assert torch.equal(ssm[dst], before["ssm_state"][ssm_src])
+    others = [b for b in range(len(ssm)) if b != dst]
+    assert torch.equal(ssm[others], before["ssm_state"][others])  # the dummy run itself wrote nothing

@@ -16,7 +16,8 @@ outside any graph, before step 3's metadata reads the running columns.
 
 A dummy step (an idle data-parallel rank, `_dummy_run(1+k, uniform_decode=True)`) dispatches 1+k
 tokens as a uniform decode; only a FULL dummy run builds metadata and touches state (a PIECEWISE or
-eager one runs without GDN metadata, which the layer treats as a warm-up). Graphs are captured
+eager one runs without GDN metadata, which the layer treats as a warm-up); before it every copy
+makes the boundary copies the previous step queued (`post_copies`). Graphs are captured
 lazily on the first step that needs a key, into one shared pool, after a warm-up run; outputs of
 the last piece are held by weak reference (vLLM's `weak_ref_output`). Hazards and repairs change
 exactly one mechanism each (`knobs/hazards.py` describes them).
@@ -60,7 +61,9 @@ def block_rows(batch: StepBatch, width: int, null: int) -> np.ndarray:
 
 def preprocess(copy: LayerCopy, batch: StepBatch) -> list[int]:
     """The step's forward copies on this copy's state (`control.prefix`; nothing without a block
-    size); returns the accepted counts the metadata then reads."""
+    size); returns the accepted counts the metadata then reads. A dummy step makes the boundary
+    copies the previous step queued: vLLM makes them at the end of that step
+    (`GPUModelRunner._update_states_after_model_execute`), whatever runs next."""
     copies, accepted = forward_copies(batch)
     if copies:
         copy_states(copy.cache.conv, copy.cache.ssm, copies)
@@ -81,6 +84,8 @@ class EagerRunner:
 
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
         if batch.dummy:  # no metadata: the GDN layer treats the call as a warm-up, no state changes
+            with torch.inference_mode():
+                preprocess(self.copy, batch)  # but the previous step's boundary copies (`post_copies`)
             return {}
         c = self.copy
         c.set_context(batch.num_tokens)
@@ -203,6 +208,8 @@ class GraphRunner:
         self._update_states(batch)
         runtime, desc = self.last = self.dispatch(batch)
         if batch.dummy:
+            with torch.inference_mode():
+                preprocess(c, batch)  # the previous step's boundary copies (`post_copies`)
             self._dummy_run(runtime, desc, batch.step)
             return {}
         # vLLM PR #55123 asserts every request past its prompt; beside PR #51865's rule (the fixed
