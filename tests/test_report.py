@@ -334,16 +334,15 @@ def test_repairs_rerun_at_the_results_draft_tokens(tiny_path, tmp_path):
     assert rows["replay-assert"].diverged is True  # the loud error: detected, not clean
 
 
-def test_a_result_the_template_cannot_drive_gets_no_script_and_names_the_hand_written_ones():
-    """The generated script drives steps with draft tokens or without and dummy steps, but no prefix
-    caching: a result with a block size gets no script (its runner would not reproduce it), and the
-    reason names what it lacks and the hand-written reproducers of vLLM #53051 and #51565."""
+def test_drafts_dummy_steps_and_a_block_size_all_get_a_script():
+    """The generated script drives steps with draft tokens or none, an idle rank's dummy steps and
+    prefix caching's block size; an island it does not rebuild gets none, and the reason says so."""
     from repro.report import standalone_gap
     base = {"island": "chain", "hazards": [], "repairs": []}
-    assert standalone_gap(base) is None and standalone_gap({**base, "spec_tokens": 0, "block_size": None}) is None
-    assert standalone_gap({**base, "spec_tokens": 2}) is None and standalone_gap({**base, "data_parallel": True}) is None
-    why = standalone_gap({**base, "block_size": 4})
-    assert why and "block size of 4" in why and "vllm_53051.py" in why
+    for extra in ({}, {"spec_tokens": 2}, {"data_parallel": True},
+                  {"block_size": 4, "spec_tokens": 2, "data_parallel": True}):
+        assert standalone_gap({**base, **extra}) is None, extra
+    assert "island moe is not rebuilt" in standalone_gap({**base, "island": "moe"})
 
 
 def test_a_record_hazard_without_a_generated_script_names_its_hand_written_one():

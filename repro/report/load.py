@@ -50,9 +50,9 @@ def _hand_written(hazards=None) -> str:
 
 def standalone_gap(r: dict) -> str | None:
     """Why no standalone script can be generated for result `r` (None: it can). The generated
-    script drives steps with draft tokens or without and an idle rank's dummy steps, but no prefix
-    caching, and it compares eager with replay (no third copy); where a hazard has a hand-written
-    reproducer, the reason names it."""
+    script drives steps with draft tokens or without, an idle rank's dummy steps and prefix caching,
+    but it compares eager with replay (no third copy); where a hazard has a hand-written reproducer,
+    the reason names it."""
     if r["island"] not in hz.CHAIN_ISLANDS:
         return f"island {r['island']} is not rebuilt by the standalone script yet (it covers the GDN layer chain)"
     bad = [h for h in r["hazards"] if not hz.HAZARDS[h].standalone]
@@ -68,9 +68,6 @@ def standalone_gap(r: dict) -> str | None:
         return ("eager and replay agree here and the independent third copy departs from both: a fault both copies "
                 "share, which the generated script cannot show, since it compares eager with replay (hand-written "
                 f"reproducers: {_hand_written()})")
-    if r.get("block_size"):
-        return (f"the standalone script drives steps without prefix caching; this result has a block size of "
-                f"{r['block_size']} (hand-written reproducers: {_hand_written()})")
     return None
 
 

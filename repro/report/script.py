@@ -19,6 +19,8 @@ from .load import kernel_sentinel, standalone_gap
 from ..control.modes import Runtime, parse_mode
 from ..model.config import TINY
 from ..control.dispatch import default_capture_sizes
+from ..scheduler.prefix import ALIGN_BLOCKS
+from ..scheduler.sequence import copy_slots
 from ..islands import kind
 from .standalone.generate import needs
 
@@ -128,6 +130,13 @@ def spec_tokens(r: dict, seqj: dict) -> int:
     return r.get("spec_tokens") or seqj.get("spec_tokens") or 0
 
 
+def cache_slots(seqj: dict, k: int) -> int:
+    """The requests' worth of 1+K state blocks each copy's cache holds, as the suite built it
+    (`Sequence.copy_slots`: more with a block size)."""
+    per_request = (ALIGN_BLOCKS if seqj.get("block_size") else 1) + k
+    return copy_slots(seqj.get("num_slots", 8), per_request, k)
+
+
 def build_spec(doc, r, steps, seqj, model, sentinel, title, weights) -> dict:
     c, q = config_of(model)
     fd, k = r.get("first_divergence"), spec_tokens(r, seqj)
@@ -136,7 +145,8 @@ def build_spec(doc, r, steps, seqj, model, sentinel, title, weights) -> dict:
             "families": sorted(kind(r["island"]).eager),
             "mode": r["mode"], "rules": rules(r), "island": r["island"], "sentinel": kernel_sentinel(r, sentinel),
             "sizes": list(default_capture_sizes(seqj.get("num_slots", 8), seqj.get("max_tokens", 16), k)),
-            "spec_tokens": k, "num_slots": seqj.get("num_slots", 8),
+            "spec_tokens": k, "num_slots": seqj.get("num_slots", 8), "block_size": seqj.get("block_size"),
+            "cache_slots": cache_slots(seqj, k),
             "max_tokens": max([seqj.get("max_tokens", 16)] + [len(s["token_ids"]) for s in steps]),
             "config": c, "quantised": q, "weights": weights,
             "embed_ids": sorted({t for s in steps for t in s["token_ids"]} | {0}), "steps": steps,

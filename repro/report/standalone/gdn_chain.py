@@ -31,7 +31,10 @@ builder refreshes only for a batch with no prefill (`vllm/v1/attention/backends/
 GDNAttentionMetadataBuilder.build`); a FULL replay's padded rows read whatever the last such
 staging, or the capture, left there unless staging pads them. The builder reads each request's
 blocks from the runner's persistent batch and block table (rows that outlive requests, holes,
-`condense()`, a commit before each build). A dummy step (an idle data-parallel rank's
+`condense()`, a commit before each build). With prefix caching's block size (vLLM's
+mamba_cache_mode "align") a request's row grows with its sequence, its state indices start at its
+running column, and before each step every copy makes the step's forward copies outside any graph
+(`preprocess_mamba`, and the previous step's block-boundary saves). A dummy step (an idle data-parallel rank's
 `_dummy_run(1+K, uniform_decode=True)`) runs nothing in the eager copy; in the graph copy a FULL
 dispatch commits, re-stages and replays as the rules say, writing the state blocks of whatever rows
 it read. After every step every island output (live rows) and the state rows of the step's slots
@@ -232,8 +235,9 @@ class LayerCopy:
         c = spec["config"]
         self.P, self.c, self.opts, self.device = P, c, opts, device
         self.sentinel, k = spec["sentinel"], spec.get("spec_tokens", 0)
-        # a request holds 1+k state blocks (its spec columns); sentinel 0: row 0 is the null block
-        rows = spec["num_slots"] * (1 + k) + (1 if self.sentinel == 0 else 0)
+        # a request holds 1+k state blocks (its spec columns), more with a block size (`cache_slots`
+        # rows of 1+k); sentinel 0: row 0 is the null block
+        rows = spec.get("cache_slots", spec["num_slots"]) * (1 + k) + (1 if self.sentinel == 0 else 0)
         conv_dim = 2 * c["hk"] * c["dk"] + c["hv"] * c["dv"]
         # with k draft tokens a conv row keeps k more columns (vLLM's `gated_delta_net_state_shape`)
         self.conv = torch.zeros(rows, conv_dim, c["conv_kernel"] - 1 + k, dtype=torch.bfloat16, device=device)
@@ -376,9 +380,56 @@ def block_rows(st):
     return st["blocks"] if "blocks" in st else [[s] for s in st["slots"]]
 
 
+def state_columns(st, i, width):
+    """Request i's `width` (1+k) state indices: the first columns of its block-table row, or with
+    prefix caching's block size the ones from its running column `(seq_len - 1) // block_size`
+    (`vllm/v1/attention/backends/utils.py: mamba_get_block_table_tensor`, mode "align")."""
+    row, bs = block_rows(st)[i], st.get("block_size")
+    start = max((computed(st)[i] + st["query_lens"][i] - 1) // bs, 0) if bs else 0
+    return list(row[start:start + width])
+
+
 def state_blocks(st):
-    """Each request's state index: column 0 of its block-table row (its slot)."""
-    return [b[0] for b in st["blocks"]] if "blocks" in st else list(st["slots"])
+    """Each request's state index (its running block)."""
+    return [state_columns(st, i, 1)[0] for i in range(len(st["query_lens"]))]
+
+
+def forward_copies(st):
+    """`vllm/v1/worker/mamba_utils.py: preprocess_mamba` with a block size: where a request's running
+    column moved from `prev_cols` (-1: nothing computed) to `state_cols`, its conv state comes from
+    block[prev] shifted by accepted-1 tokens and its SSM state from block[prev + accepted - 1] (the
+    column of its last kept token), into block[curr], and its accepted count becomes 1. The previous
+    step's block-boundary saves (`post_copies`, which vLLM makes at the end of that step:
+    `postprocess_mamba_align_gpu`) come first, a dummy step's too. Returns the copies as (dst,
+    conv_src, conv_offset, ssm_src) and the accepted counts the metadata then reads."""
+    accepted = list(st.get("num_accepted") or [1] * len(st["query_lens"]))
+    copies = [tuple(c) for c in st.get("post_copies", [])]
+    if not st.get("block_size") or st.get("dummy"):
+        return copies, accepted
+    for i, (row, prev, curr) in enumerate(zip(block_rows(st), st["prev_cols"], st["state_cols"])):
+        if prev != -1 and prev != curr:
+            a = accepted[i]
+            copies.append((row[curr], row[prev], a - 1, row[prev + a - 1]))
+            accepted[i] = 1
+    return copies, accepted
+
+
+def copy_states(copy, copies):
+    """The forward copies on one copy's state, outside any graph: a conv window shifted by the offset
+    fills the destination's first width-offset tokens (`get_conv_copy_spec`)."""
+    for dst, conv_src, offset, ssm_src in copies:
+        w = copy.conv.shape[-1] - offset
+        src = copy.conv[conv_src, :, offset:]
+        copy.conv[dst, :, :w].copy_(src.clone() if conv_src == dst else src)
+        if ssm_src != dst:
+            copy.ssm[dst].copy_(copy.ssm[ssm_src])
+
+
+def preprocess(copy, st):
+    """The step's forward copies on `copy`; the step as the metadata builder then reads it."""
+    copies, accepted = forward_copies(st)
+    copy_states(copy, copies)
+    return {**st, "num_accepted": accepted}
 
 
 def num_decodes(st, rule):
@@ -444,11 +495,19 @@ class InputBatch:
         if row is not None and self.opts["control.clear_finished_row"]:
             self.table[row] = [self.null] * len(self.table[row])
 
+    def _fit(self, width):
+        """Widen the table and its committed copy to `width` columns of the null block (vLLM sizes the
+        table for the longest sequence up front)."""
+        for table in (self.table, self.committed):
+            for row in table:
+                row.extend([self.null] * (width - len(row)))
+
     def add(self, rid, blocks):
         used = set(self.row_of.values())
         row = next((r for r in range(self.num_rows) if r not in used), self.num_rows)
         if row >= len(self.table):
             raise RuntimeError(f"no free row: {len(self.table)} rows are in use")
+        self._fit(len(blocks))
         self.table[row][:len(blocks)] = list(blocks)
         self.row_of[rid] = row
         self.num_rows = max(self.num_rows, row + 1)
@@ -467,16 +526,24 @@ class InputBatch:
             live = sorted(live + [hole])
         self.num_rows = len(self.row_of)
 
-    def update(self, scheduled):
+    def update(self, scheduled, grown=False, finished=()):
         """`_update_states`: a request not scheduled this step leaves (finished, preempted or waiting:
         vLLM removes it and adds it back when it is scheduled again), one whose blocks changed (resumed
-        after a preemption) is added anew, new ones take rows, then `condense()`."""
+        after a preemption) is added anew, new ones take rows, then `condense()`. `grown` (a block
+        size): a row grows with its request, so one that stays is rewritten in place and only one in
+        `finished` (preempted since) is added anew."""
         now = dict(scheduled)
         for rid in [r for r in self.row_of if r not in now]:
             self.remove(rid)
         for rid, blocks in scheduled:
             row = self.row_of.get(rid)
-            if row is not None and self.table[row][:len(blocks)] != list(blocks):
+            if row is not None and grown:
+                if rid in finished:
+                    self.remove(rid)
+                else:
+                    self._fit(len(blocks))
+                    self.table[row][:len(blocks)] = list(blocks)
+            elif row is not None and self.table[row][:len(blocks)] != list(blocks):
                 self.remove(rid)
             if rid not in self.row_of:
                 self.add(rid, blocks)
@@ -553,8 +620,7 @@ class MetadataBuilder:
         np_ = sum(1 for s, n in zip(spec, q) if not s and n > 1)
         if nd and ns:  # beside spec rows, one-token non-spec rows go to the prefill kernel
             np_, nd = np_ + nd, 0
-        blocks = st["blocks"]
-        spec_idx = [blocks[i][:1 + k] for i in range(len(q)) if spec[i]]
+        spec_idx = [state_columns(st, i, 1 + k) for i in range(len(q)) if spec[i]]
         accepted = [a for a, s in zip(st["num_accepted"], spec) if s]
         spec_qsl = _qsl([n for n, s in zip(q, spec) if s])
         meta = {"num_spec_decodes": ns, "num_decodes": nd, "num_tokens": len(st["token_ids"]),
@@ -579,7 +645,7 @@ class MetadataBuilder:
         meta.update(non_spec_token_indx=self._t(order[:n_non], torch.long),
                     spec_token_indx=self._t(order[n_non:], torch.long),
                     spec_state_indices=self._t(spec_idx), spec_query_start_loc=self._t(spec_qsl),
-                    num_accepted=self._t(accepted), state_indices=self._t([blocks[i][0] for i in non]),
+                    num_accepted=self._t(accepted), state_indices=self._t([state_columns(st, i, 1)[0] for i in non]),
                     query_start_loc=self._t(_qsl([q[i] for i in non])),
                     has_initial_state=self._t([computed(st)[i] > 0 for i in non], torch.bool))
         return meta
@@ -616,9 +682,10 @@ class EagerRunner:
         self.builder = MetadataBuilder(k, 1, copy.device, False, None, opts["control.first_chunk"])
 
     def step(self, st):
+        c = self.copy
+        st = preprocess(c, st)
         if st.get("dummy"):  # no metadata: the GDN layer treats the call as a warm-up, no state changes
             return {}
-        c = self.copy
         c.ctx.values["num_actual_tokens"] = len(st["token_ids"])
         o0 = c.submod0(torch.tensor(st["token_ids"], dtype=torch.long, device=c.device))
         core = c.gdn_core(o0["qkv"], o0["b"], o0["a"], o0["core_out"], self.builder.build(st, len(st["slots"])))
@@ -884,15 +951,18 @@ class GraphRunner:
 
     def step(self, st):
         c = self.copy
-        self.batch.update(list(zip(st["request_ids"], block_rows(st))))  # `_update_states`
+        self.batch.update(list(zip(st["request_ids"], block_rows(st))), bool(st.get("block_size")),
+                          set(st.get("finished", [])))  # `_update_states`
         runtime, size, rows = self.last = self.dispatch(st)
         if st.get("dummy"):
+            preprocess(c, st)
             self._dummy_run(st)
             return {}
         n = len(st["token_ids"])
         self._fill(n, size, st)
         c.ctx.values["num_actual_tokens"] = n
         cap = self._entry(runtime, size, st["step"]) if runtime else None
+        st = preprocess(c, st)  # outside any graph, before the metadata reads the running columns
         # after a capture, which stages its own metadata first: the committed rows of the step's requests
         self.batch.commit(self.batch.num_rows)
         meta = self.builder.build({**st, "blocks": self.batch.rows(st["request_ids"])}, rows)
@@ -946,7 +1016,8 @@ def first_difference(st, eager_out, replay_out, eager, replay):
     for name, ta in eager.state().items():
         tb = replay.state()[name]
         # after a dummy run every block: its writes go wherever the rows it read point
-        slots = range(ta.shape[0]) if st.get("dummy") else sorted(set(st["slots"]) | set(st.get("live_slots", [])))
+        slots = range(ta.shape[0]) if st.get("dummy") else \
+            sorted({b for row in block_rows(st) for b in row} | set(st.get("live_slots", [])))
         for slot in slots:
             at = slot % ta.shape[0]
             if not torch.equal(ta[at], tb[at]):
