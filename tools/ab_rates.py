@@ -9,7 +9,11 @@ how docs/BENCH.md ("Decisions") measures a change, as the ratio of the two; not 
         --kernels all=triton,causal_conv1d_fn=torch,gated_delta_rule_prefill=reference
 
 Each case (`repro.bench.lockrates.CASES`, real-layer checkpoint) runs once untimed (compiles,
-autotunes), then `--reps` times timed.
+autotunes), then `--reps` times timed. `--spec-tokens 0,2` runs the chain cases at each K in turn
+within a rep (the K > 0 sequence as `repro bench --lockstep-rates --spec-tokens` builds it), so the
+K = 2 / K = 0 ratio comes from interleaved rows; `--islands chain` keeps those cases alone.
+
+    python tools/ab_rates.py k2 --kernels "" --islands chain --spec-tokens 0,2 --steps 400 --reps 3
 """
 import argparse
 import os
@@ -26,6 +30,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--check", default="device", help="device, host or reference (`lockrates.CHECKS`)")
+    ap.add_argument("--spec-tokens", default="0", help="comma-separated K for the chain cases")
+    ap.add_argument("--islands", default="", help="comma-separated islands to keep (default: every case)")
     a = ap.parse_args()
     sys.path.insert(0, os.path.abspath(a.tree or os.path.join(os.path.dirname(__file__), "..")))
     import kernels
@@ -45,15 +51,22 @@ def main() -> int:
         provider = make_provider(a.device)
         model = Model(checkpoint_for("real-layer", provider.device), provider.device)
         seq = default_sequence(0, a.steps, vocab=model.cfg.vocab_size)
-        for island, mode in CASES:
-            run_checked(model, provider, island, mode, seq, a.check)
+        seqs = {k: seq if k == 0 else default_sequence(0, a.steps, vocab=model.cfg.vocab_size, spec_tokens=k,
+                                                         max_tokens=seq.max_tokens * (1 + k))
+                for k in map(int, a.spec_tokens.split(","))}
+        keep = set(filter(None, a.islands.split(",")))
+        runs = [(island, mode, k) for island, mode in CASES if not keep or island in keep
+                for k in (seqs if island == "chain" else (0,))]
+        for island, mode, k in runs:
+            run_checked(model, provider, island, mode, seqs[k], a.check)
         for rep in range(a.reps):
-            for island, mode in CASES:
+            for island, mode, k in runs:
                 t = time.perf_counter()
-                r = run_checked(model, provider, island, mode, seq, a.check)
+                r = run_checked(model, provider, island, mode, seqs[k], a.check)
                 dt = time.perf_counter() - t
-                print(f"{a.tag} rep{rep} {island:8} {mode:9} {a.check} steady "
-                      f"{r.phases.get('steady_steps_per_s')} steps/s, run {r.steps / dt:.1f}", flush=True)
+                print(f"{a.tag} rep{rep} {island:8} {mode:9} K={k} {a.check} steady "
+                      f"{r.phases.get('steady_steps_per_s')} steps/s, run {r.steps / dt:.1f}; "
+                      f"us/step {r.phases.get('us_per_step')}", flush=True)
     speed = f", host {host_us_per_op(a.device)} us per small op" if host_us_per_op else ""
     print(a.tag, os.path.dirname(kernels.__file__), os.path.dirname(repro.__file__) + speed)
     return 0
