@@ -34,11 +34,12 @@ blocks from the runner's persistent batch and block table (rows that outlive req
 `condense()`, a commit before each build). With prefix caching's block size (vLLM's
 mamba_cache_mode "align") a request's row grows with its sequence, its state indices start at its
 running column, and before each step every copy makes the step's forward copies outside any graph
-(`preprocess_mamba`, and the previous step's block-boundary saves). A dummy step (an idle data-parallel rank's
-`_dummy_run(1+K, uniform_decode=True)`) runs nothing in the eager copy; in the graph copy a FULL
-dispatch commits, re-stages and replays as the rules say, writing the state blocks of whatever rows
-it read. After every step every island output (live rows) and the state rows of the step's slots
-(after a dummy step, every block) are compared bit for bit; the first difference is printed.
+(`preprocess_mamba`, and the previous step's block-boundary saves). A dummy step (an idle
+data-parallel rank's `_dummy_run(1+K, uniform_decode=True)`) runs nothing in the eager copy; in the
+graph copy a FULL dispatch commits, re-stages and replays as the rules say, writing the state
+blocks of whatever rows it read. After every step every island output (live rows) and the state
+blocks of the step's requests (after a dummy step, every block) are compared bit for bit; the
+first difference is printed.
 
 Graphs: torch.cuda.CUDAGraph on CUDA; torch.xpu.XPUGraph (torch >= 2.11) or
 intel_extension_for_pytorch.xpu.XPUGraph (IPEX 2.6/2.7) on XPU; on a CPU, a small emulation
@@ -335,9 +336,10 @@ SUBMOD1_OUT = ("hidden", "next_normed")
 # ============================================================================ the control path
 # vLLM's V1 runner on a step: which graph it replays, and the GDN metadata its builder hands the
 # core. With k draft tokens a decode (`spec["spec_tokens"]`), a decode row's query is its drafts plus
-# one token, its state is its block-table row's first 1+k columns and its accepted count names the
-# column it continues from. The rules are the ones the suite ran with (its stack profile and knobs:
-# the `control.*` options); a step's optional lists default as the suite's `StepBatch` defaults them.
+# one token, its state is 1+k columns of its block-table row (the first ones, or with a block size
+# the ones from its running column) and its accepted count names the column it continues from. The
+# rules are the ones the suite ran with (its stack profile and knobs: the `control.*` options); a
+# step's optional lists default as the suite's `StepBatch` defaults them.
 
 # vLLM's graph modes as (uniform-decode runtime, mixed runtime) (`vllm/config/compilation.py:
 # CUDAGraphMode`); `full` resolves to FULL_AND_PIECEWISE for GDN, whose builder captures uniform
