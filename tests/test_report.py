@@ -347,8 +347,8 @@ def test_drafts_dummy_steps_and_a_block_size_all_get_a_script():
 
 def test_a_record_hazard_without_a_generated_script_names_its_hand_written_one():
     from repro.report import standalone_gap
-    why = standalone_gap({"island": "chain", "hazards": ["shape-only-uniform-decode"], "repairs": []})
-    assert "repro/report/standalone/vllm_53051.py (vLLM #53051)" in why and "vllm_51565" not in why
+    why = standalone_gap({"island": "chain", "hazards": ["first-chunk-as-decode"], "repairs": []})
+    assert "repro/report/standalone/vllm_51565.py (vLLM #51565)" in why and "vllm_53051" not in why
 
 
 def test_a_fault_both_copies_share_gets_no_generated_script(tiny_path, tmp_path):

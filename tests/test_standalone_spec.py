@@ -86,6 +86,28 @@ def test_a_k2_baseline_replays_equal_to_eager_through_full_spec_decodes_and_mixe
     assert seen["full"] and seen[mixed_runtime] and seen["mixed"] and seen["spec"], seen
 
 
+def test_the_scripts_replay_side_assertion_refuses_a_full_replay_of_a_prompt(tiny_path, tmp_path, capsys):
+    """vLLM PR #55123 (`control.assert_full_past_prompt`): with the shape-only rule, the 3-token prompt
+    is dispatched to the FULL graph; with the assertion on, the script refuses that replay (exit 1,
+    REFUSED at step 0) instead of diverging, as the suite's runner raises `ReplayRefused`."""
+    seq = tmp_path / "seq.json"
+    seq.write_text(json.dumps(PROMPT_OF_1_PLUS_K))
+    rep = _report(tmp_path, ["--model", tiny_path, "--sequence", str(seq), "--stack", "vllm-0.33-mrv1",
+                             "--mode", "full_and_piecewise", "--island", "gdn_core"])
+    script = _module(rep / SCRIPT, "script_assert")
+    spec = json.loads(script.SPEC_JSON)
+    assert spec["rules"]["uniform_decode"] == "shape" and spec["rules"]["assert_full_past_prompt"] is False
+    spec["rules"]["assert_full_past_prompt"] = True
+    script.SPEC_JSON = json.dumps(spec)
+    capsys.readouterr()
+    assert script.main(["--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "REFUSED: step 0: a FULL graph" in out and "REPRODUCED" not in out, out
+    spec["rules"]["uniform_decode"] = "past-prompt"  # the fixed rule never dispatches it to FULL
+    script.SPEC_JSON = json.dumps(spec)
+    assert script.main(["--device", "cpu"]) == 0
+
+
 @pytest.mark.parametrize("stack, expect", [("vllm-0.33-mrv1", 1), ("fixed", 0)])
 def test_a_blind_53051_finding_reproduces_in_the_script_under_its_stack(stack, expect, tiny_path, tmp_path):
     """The rules travel with the result: under vLLM 0.33.0's rules the script's FULL graph swallows

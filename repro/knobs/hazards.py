@@ -127,7 +127,7 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            "prompt's state is never written (or another request's is overwritten)",
            ("past-prompt-uniform", "no-hybrid-prefill", "replay-assert"),
            {"control.uniform_decode": UniformDecode.SHAPE, "control.assert_full_past_prompt": False},
-           modes=("full",), spec_tokens=2, record=True, cases="vLLM #53051, #49918",
+           modes=("full",), spec_tokens=2, record=True, cases="vLLM #53051, #49918", standalone=True,
            script="repro/report/standalone/vllm_53051.py", trigger="prompt-as-decode"),
     Hazard("first-chunk-as-decode", "a request's one-token first chunk is classed as a decode, so the decode kernels "
            "continue from its recycled state block instead of starting from zero (both copies alike: the third copy "
@@ -182,9 +182,9 @@ REPAIRS: dict[str, Repair] = {r.name: r for r in [
     Repair("clone-input", "the registered all-reduce snapshots its input buffer when it is issued",
            {"comm.registered": True, "comm.clone_input": True}),
     Repair("past-prompt-uniform", "a batch is a uniform decode only when every request is past its prompt",
-           {"control.uniform_decode": UniformDecode.PAST_PROMPT}, cases="vLLM PR #53059"),
+           {"control.uniform_decode": UniformDecode.PAST_PROMPT}, cases="vLLM PR #53059", standalone=True),
     Repair("no-hybrid-prefill", "a hybrid model's batch with a request in its prompt is never a uniform decode",
-           {"control.uniform_decode": UniformDecode.NO_HYBRID_PREFILL}, cases="vLLM PR #47123"),
+           {"control.uniform_decode": UniformDecode.NO_HYBRID_PREFILL}, cases="vLLM PR #47123", standalone=True),
     Repair("replay-assert", "a FULL dispatch of a batch with a request in its prompt raises instead of replaying",
            {"control.assert_full_past_prompt": True}, leaves="finding", cases="vLLM PR #55123"),
     Repair("is-prefilling-first-chunk", "a one-token first chunk with no prior state is a prefill",

@@ -139,8 +139,9 @@ def markdown(rates: dict | None) -> str:
     for h in (h for h in HAZARDS.values() if h.record):
         told = (rows.get(h.name) or {}).get("told")
         fixes = "; ".join(f"`{x}` ({REPAIRS[x].cases or REPAIRS[x].what})" for x in h.repairs)
-        script = f"`python3 {STANDALONE[h.name]}`" if h.name in STANDALONE else (
-            "`repro report RESULT.json -o DIR`" if h.standalone else "-")
+        scripts = ([f"`python3 {STANDALONE[h.name]}`"] if h.name in STANDALONE else []) + \
+            (["`repro report RESULT.json -o DIR`"] if h.standalone else [])
+        script = "; ".join(scripts) or "-"
         out.append(f"| {h.cases} | `{h.name}` | {h.mechanism} | {', '.join(exposed(h)) or '-'} | {_trigger(told)} | "
                    f"{_where(told)} | {fixes} | {script} |")
     out += ["", "## Which rules each stack has", "",

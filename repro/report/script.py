@@ -49,10 +49,9 @@ def full_decode(mode: str) -> bool:
     return parse_mode(mode).has(Runtime.FULL)
 
 
-# The control rules the script's runner rebuilds (`knobs.options.ControlRules`); the replay-side
-# assertion of vLLM PR #55123 is not among them, so no hazard or repair that sets it is standalone.
-SCRIPT_RULES = ("uniform_decode", "first_chunk", "clear_finished_row", "move_row_zeroes_source",
-                "dummy_commits_block_table", "dummy_restages")
+# The control rules the script's runner rebuilds (`knobs.options.ControlRules`): all of them.
+SCRIPT_RULES = ("uniform_decode", "assert_full_past_prompt", "first_chunk", "clear_finished_row",
+                "move_row_zeroes_source", "dummy_commits_block_table", "dummy_restages")
 
 
 def rules(r: dict) -> dict:
@@ -166,6 +165,8 @@ class Check:
     def line(self) -> str:
         if self.rc is None:
             return f"did not finish ({self.tail.strip()[-200:]})"
+        if self.result and self.result.get("refused"):
+            return f"exit {self.rc}: the replay-side assertion refused a FULL replay at step {self.result['step']}"
         if self.result and self.result.get("diverged"):
             r = self.result
             where = f"{r['island']}.{r['tensor']}" + (f" row {r['row']}" if r.get("row") is not None else "") + \

@@ -53,7 +53,8 @@ in when this script was written; the layer wiring, the runner, the tape and the 
 this template's own (`repro/report/standalone/gdn_chain.py`).
 
 Usage:  python repro_standalone.py [--device auto|cpu|cuda|xpu] [--repair [NAME]] [--no-hazard]
-Exit:   1 the divergence reproduced, 0 replay == eager bit for bit at every step, 2 bad usage.
+Exit:   1 the divergence reproduced (or the replay-side assertion refused a FULL replay), 0 replay ==
+        eager bit for bit at every step, 2 bad usage.
 """
 from __future__ import annotations
 
@@ -80,9 +81,14 @@ SPEC_JSON = None  # @SPEC@ (filled in by `repro report`)
 # fixed forms.
 OPTION_DEFAULTS = {"runner.pad": "sentinel", "runner.copy_inputs": False, "runner.recapture": False,
                    "runner.eager_families": [], "island.fresh_core_out": False, "island.trim_moe_to_context": False,
-                   "control.uniform_decode": "phase-aware", "control.first_chunk": "is-prefilling",
+                   "control.uniform_decode": "phase-aware", "control.assert_full_past_prompt": True,
+                   "control.first_chunk": "is-prefilling",
                    "control.clear_finished_row": True, "control.move_row_zeroes_source": True,
                    "control.dummy_commits_block_table": True, "control.dummy_restages": True}
+
+
+class ReplayRefused(RuntimeError):
+    """The replay-side assertion (`control.assert_full_past_prompt`) stopped a FULL replay."""
 
 
 def die(msg: str, code: int = 2):
@@ -447,6 +453,17 @@ def num_decodes(st, rule):
     return prefill.index(True) if True in prefill else len(prefill)
 
 
+def held_out(st, rule):
+    """The requests a fixed form of the uniform-decode rule holds out of a uniform decode: each
+    before its prompt's end, or with `phase-aware` (vLLM PR #51865) each in its prefill phase
+    (`prefill_lens`: a resumed request's recompute included) unless its row is one new token over
+    existing context."""
+    if rule != "phase-aware":
+        return prefilling(st)
+    pre = st.get("prefill_lens") or prompts(st)
+    return [c < p and not (n - d == 1 and c > 0) for c, p, n, d in zip(computed(st), pre, st["query_lens"], drafts(st))]
+
+
 def uniform_decode(st, rule, k=0):
     """`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode`: every query is 1+k
     tokens. `shape` (vLLM 0.33.0) asks only that; vLLM PR #53059 (and PR #47123 for a hybrid
@@ -455,13 +472,7 @@ def uniform_decode(st, rule, k=0):
     resumed request's recompute included) unless its row is one new token over existing context."""
     q = st["query_lens"]
     shape = max(q) == 1 + k and sum(q) == len(q) * (1 + k)
-    if rule == "shape":
-        return shape
-    if rule == "phase-aware":
-        pre = st.get("prefill_lens") or prompts(st)
-        return shape and not any(c < p and not (n - d == 1 and c > 0)
-                                 for c, p, n, d in zip(computed(st), pre, q, drafts(st)))
-    return shape and not any(prefilling(st))
+    return shape if rule == "shape" else shape and not any(held_out(st, rule))
 
 
 def capture_sizes(sizes, full_decode, k):
@@ -960,6 +971,11 @@ class GraphRunner:
             preprocess(c, st)
             self._dummy_run(st)
             return {}
+        # vLLM PR #55123 asserts every request of a FULL replay past its prompt (the rule's own test)
+        if runtime == "full" and self.opts["control.assert_full_past_prompt"] and \
+                any(held_out(st, self.opts["control.uniform_decode"])):
+            raise ReplayRefused(f"step {st['step']}: a FULL graph of {size} tokens was dispatched for a batch with "
+                                "a request still in its prompt (the replay-side assertion)")
         n = len(st["token_ids"])
         self._fill(n, size, st)
         c.ctx.values["num_actual_tokens"] = n
@@ -1081,7 +1097,12 @@ def main(argv=None) -> int:
         prev = None
         for st in spec["steps"]:
             e = eager.step(st)
-            r = runner.step(st)
+            try:
+                r = runner.step(st)
+            except ReplayRefused as err:
+                print(f"REFUSED: {err}")
+                print("RESULT " + json.dumps({"diverged": False, "refused": True, "step": st["step"]}))
+                return 1
             graphs.synchronize()
             div = first_difference(st, e, r, eager_copy, replay_copy)
             if div is not None:
