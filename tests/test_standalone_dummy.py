@@ -4,28 +4,16 @@ the rules say (`capture.runner.GraphRunner._dummy_run`), and a dummy hazard the 
 reproduces in the script at the suite's first divergence, with its repair and without the hazard
 clean."""
 import collections
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 from itertools import product
 
 import numpy as np
 import pytest
 
-from repro.cli.app import main
 from repro.control.input_batch import InputBatch
 from repro.knobs.options import ControlRules
-from repro.report import SCRIPT, load_result, standalone_gap, write_report
+from repro.report import SCRIPT, standalone_gap
 from repro.report.standalone.generate import TEMPLATE
-
-
-def _module(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.scripts import module, report, run_script
 
 
 @pytest.mark.parametrize("clear, zero_source", list(product((True, False), repeat=2)))
@@ -33,7 +21,7 @@ def test_the_templates_block_table_is_the_suites(clear, zero_source):
     """Random steps of requests arriving, finishing, resuming with new blocks and condensing, each
     followed by a commit of some rows: the script's rows, table and committed copy equal the suite's
     after every step, under each form of the two rules that clear a row."""
-    t = _module(TEMPLATE, "template_ib")
+    t = module(TEMPLATE, "template_ib")
     rules = ControlRules(clear_finished_row=clear, move_row_zeroes_source=zero_source)
     opts = {"control.clear_finished_row": clear, "control.move_row_zeroes_source": zero_source}
     width, rows = 3, 6
@@ -66,48 +54,33 @@ def test_the_templates_block_table_is_the_suites(clear, zero_source):
     assert moved > 20, moved  # condense moved rows often enough for the zeroing rule to matter
 
 
-def _report(tmp_path, argv):
-    res = tmp_path / "r.json"
-    main(["run", "--device", "cpu", "--json", str(res)] + argv)
-    doc = load_result(res)
-    return doc, write_report(doc, tmp_path / "rep", index=0, verify=False)
-
-
-def _run(folder, *extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    p = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", *extra], cwd=folder, env=env, capture_output=True,
-                       text=True, timeout=300)
-    got = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-    return p, json.loads(got[-1][len("RESULT "):]) if got else None
-
-
 @pytest.mark.parametrize("hazard, k", [("dummy-stale-rows", 0), ("dummy-reuses-staging", 0),
                                        ("dummy-reuses-staging", 2)])
 def test_a_dummy_hazard_reproduces_in_the_script_and_its_repair_clears_it(hazard, k, tiny_path, tmp_path):
     """The suite's run detects the hazard at a dummy step; the script written from it diverges at the
     same step, tensor and block, and is clean with the repair and without the hazard."""
-    doc, rep = _report(tmp_path, ["--model", tiny_path, "--hazard", hazard, "--mode", "full_and_piecewise",
-                                  "--island", "gdn_core", "--steps", "60", "--spec-tokens", str(k)])
+    doc, rep = report(tmp_path, ["--model", tiny_path, "--hazard", hazard, "--mode", "full_and_piecewise",
+                                 "--island", "gdn_core", "--steps", "60", "--spec-tokens", str(k)])
     r = doc["results"][0]
     fd = r["first_divergence"]
     assert r["diverged"] and r["data_parallel"] and standalone_gap(r) is None
-    p, got = _run(rep)
+    p, got = run_script(rep)
     assert p.returncode == 1, p.stdout + p.stderr
     assert (got["step"], got["island"], got["tensor"], got["slot"]) == (fd["step"], fd["island"], fd["tensor"],
                                                                        fd["slot"])
     assert "dummy step" in p.stdout
     for extra in (("--repair",), ("--no-hazard",)):
-        p, got = _run(rep, *extra)
+        p, got = run_script(rep, *extra)
         assert p.returncode == 0 and got == {"diverged": False, "steps": fd["step"] + 1}, (extra, p.stdout + p.stderr)
 
 
 def test_a_data_parallel_baseline_replays_full_dummy_runs_clean(tiny_path, tmp_path):
     """A fixed-stack data-parallel sequence at K = 2: the script's dummy steps replay the FULL decode
     graph (committed and re-staged), and replay equals eager at every step, dummy steps included."""
-    _, rep = _report(tmp_path, ["--model", tiny_path, "--hazard", "dummy-reuses-staging", "--repair", "restage-dummy",
-                                "--mode", "full_and_piecewise", "--island", "gdn_core", "--steps", "60",
-                                "--spec-tokens", "2"])
-    script = _module(rep / SCRIPT, "script_dp")
+    _, rep = report(tmp_path, ["--model", tiny_path, "--hazard", "dummy-reuses-staging", "--repair", "restage-dummy",
+                               "--mode", "full_and_piecewise", "--island", "gdn_core", "--steps", "60",
+                               "--spec-tokens", "2"])
+    script = module(rep / SCRIPT, "script_dp")
     seen = collections.Counter()
     dummy0 = script.GraphRunner._dummy_run
 

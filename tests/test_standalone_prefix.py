@@ -3,30 +3,18 @@ columns and growing block-table rows are the suite's (`control.prefix`, `control
 K = 2 block-4 baseline replays equal to eager through prefix hits and forward copies, and a hazard
 the suite detects with a block size reproduces in the script at the suite's first divergence."""
 import collections
-import importlib.util
-import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from repro.cli.app import main
 from repro.control.input_batch import InputBatch
 from repro.control.prefix import forward_copies, state_block_columns
 from repro.job.cases import default_sequence
-from repro.report import SCRIPT, load_result, standalone_gap, write_report
+from repro.report import SCRIPT, standalone_gap
 from repro.report.standalone.generate import TEMPLATE
+from tests.scripts import module, report, run_script
 
 BS = 4
-
-
-def _module(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("k", [0, 2])
@@ -35,7 +23,7 @@ def test_the_templates_prefix_rules_are_the_suites(k):
     steps): the script's forward copies and accepted counts (`preprocess_mamba`), its state columns
     (`mamba_get_block_table_tensor`, mode "align") and its block table, whose rows grow in place,
     equal the suite's at every step."""
-    t = _module(TEMPLATE, f"template_prefix{k}")
+    t = module(TEMPLATE, f"template_prefix{k}")
     batches = default_sequence(0, 300, spec_tokens=k, block_size=BS, data_parallel=True).batches()
     ours, theirs = InputBatch(16, 1 + k, 0), t.InputBatch(16, 1 + k, 0, t.OPTION_DEFAULTS)
     moved = hit = 0
@@ -63,19 +51,12 @@ def test_the_templates_prefix_rules_are_the_suites(k):
     assert moved > 50 and hit > 0, (moved, hit)
 
 
-def _report(tmp_path, argv):
-    res = tmp_path / "r.json"
-    main(["run", "--device", "cpu", "--json", str(res)] + argv)
-    doc = load_result(res)
-    return doc, write_report(doc, tmp_path / "rep", index=0, verify=False)
-
-
 def test_a_block_size_baseline_replays_equal_to_eager_through_prefix_hits(tiny_path, tmp_path):
     """120 steps at K = 2 with blocks of 4: the script's copies make forward copies, run FULL spec
     decodes over running columns past column 0, and replay equals eager at every step."""
-    _, rep = _report(tmp_path, ["--model", tiny_path, "--mode", "full_and_piecewise", "--spec-tokens", "2",
-                                "--block-size", str(BS), "--steps", "120", "--island", "gdn_core"])
-    script = _module(rep / SCRIPT, "script_prefix")
+    _, rep = report(tmp_path, ["--model", tiny_path, "--mode", "full_and_piecewise", "--spec-tokens", "2",
+                               "--block-size", str(BS), "--steps", "120", "--island", "gdn_core"])
+    script = module(rep / SCRIPT, "script_prefix")
     seen = collections.Counter()
     copy0, build0 = script.copy_states, script.MetadataBuilder.build
 
@@ -93,27 +74,19 @@ def test_a_block_size_baseline_replays_equal_to_eager_through_prefix_hits(tiny_p
     assert seen["copies"] > 20 and seen["past column 0"] > 10, seen
 
 
-def _run(folder, *extra):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    p = subprocess.run([sys.executable, SCRIPT, "--device", "cpu", *extra], cwd=folder, env=env, capture_output=True,
-                       text=True, timeout=300)
-    got = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
-    return p, json.loads(got[-1][len("RESULT "):]) if got else None
-
-
 def test_a_hazard_with_a_block_size_reproduces_in_the_script(tiny_path, tmp_path):
     """vLLM #49757's re-staging half at K = 2 with blocks of 4 (the dummy replays the last decode's
     staging, over running columns): the script diverges at the suite's step, tensor and block, and
     its repair is clean."""
-    doc, rep = _report(tmp_path, ["--model", tiny_path, "--hazard", "dummy-reuses-staging", "--mode",
-                                  "full_and_piecewise", "--island", "gdn_core", "--steps", "60", "--spec-tokens", "2",
-                                  "--block-size", str(BS)])
+    doc, rep = report(tmp_path, ["--model", tiny_path, "--hazard", "dummy-reuses-staging", "--mode",
+                                 "full_and_piecewise", "--island", "gdn_core", "--steps", "60", "--spec-tokens", "2",
+                                 "--block-size", str(BS)])
     r = doc["results"][0]
     fd = r["first_divergence"]
     assert r["diverged"] and r["block_size"] == BS and standalone_gap(r) is None
-    p, got = _run(rep)
+    p, got = run_script(rep)
     assert p.returncode == 1, p.stdout + p.stderr
     assert (got["step"], got["island"], got["tensor"], got["slot"]) == (fd["step"], fd["island"], fd["tensor"],
                                                                        fd["slot"])
-    p, got = _run(rep, "--repair")
+    p, got = run_script(rep, "--repair")
     assert p.returncode == 0 and got == {"diverged": False, "steps": fd["step"] + 1}, p.stdout + p.stderr

@@ -2,22 +2,18 @@
 baseline replays equal to eager through FULL spec decodes and mixed batches, and a blind hunt's
 vLLM #53051 finding reproduces in it at the suite's first divergence, under the stack it ran on."""
 import collections
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 from itertools import product
 
 import numpy as np
 import pytest
 
-from repro.cli.app import main
 from repro.control import dispatch
 from repro.control.builder import draft_counts
 from repro.control.modes import parse_mode
-from repro.report import SCRIPT, load_result, write_report
+from repro.report import SCRIPT
 from repro.report.standalone.generate import TEMPLATE
+from tests.scripts import module, report, run_script
 
 # the one-request sequence a blind hunt of vllm-0.33-mrv1 at K = 2 shrinks to: a 3-token prompt
 PROMPT_OF_1_PLUS_K = {
@@ -29,17 +25,10 @@ PROMPT_OF_1_PLUS_K = {
                "draft_lens": [0], "num_accepted": [1], "blocks": [[1, 2, 3]]}]}
 
 
-def _module(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_the_templates_capture_sizes_and_draft_counts_are_the_suites():
     """The script rounds capture sizes (`adjust_cudagraph_sizes_for_spec_decode`) and counts a row's
     drafts (`_prepare_inputs`) as `repro.control` does, for every mode, K and row shape drawn."""
-    t = _module(TEMPLATE, "template")
+    t = module(TEMPLATE, "template")
     for name, k in product(("none", "piecewise", "full_decode_only", "full_and_piecewise"), range(5)):
         mode = parse_mode(name)
         sizes = dispatch.default_capture_sizes(8, 16 * (1 + k), k)
@@ -54,21 +43,15 @@ def test_the_templates_capture_sizes_and_draft_counts_are_the_suites():
         assert t.draft_counts(st) == draft_counts(q, d, c, p).tolist(), st
 
 
-def _report(tmp_path, argv, case=0):
-    res = tmp_path / "r.json"
-    main(["run", "--device", "cpu", "--json", str(res)] + argv)
-    return write_report(load_result(res), tmp_path / "rep", index=case, verify=False)
-
-
 @pytest.mark.parametrize("mode, mixed_runtime", [("full_and_piecewise", "piecewise"), ("full_decode_only", None)])
 def test_a_k2_baseline_replays_equal_to_eager_through_full_spec_decodes_and_mixed_batches(mode, mixed_runtime,
                                                                                           tiny_path, tmp_path):
     """80 steps at K = 2: the script's runner replays FULL graphs of spec rows and runs batches that
     mix spec rows with prefills (PIECEWISE graphs, or eagerly where the mode has none), and replay
     equals eager at every step."""
-    rep = _report(tmp_path, ["--model", tiny_path, "--mode", mode, "--spec-tokens", "2",
-                             "--steps", "80", "--seed", "3", "--island", "gdn_core"])
-    script = _module(rep / SCRIPT, "script_k2")
+    _, rep = report(tmp_path, ["--model", tiny_path, "--mode", mode, "--spec-tokens", "2",
+                               "--steps", "80", "--seed", "3", "--island", "gdn_core"])
+    script = module(rep / SCRIPT, "script_k2")
     seen = collections.Counter()
     dispatch0, spec0 = script.GraphRunner.dispatch, script.MetadataBuilder._spec
 
@@ -92,9 +75,9 @@ def test_the_scripts_replay_side_assertion_refuses_a_full_replay_of_a_prompt(tin
     REFUSED at step 0) instead of diverging, as the suite's runner raises `ReplayRefused`."""
     seq = tmp_path / "seq.json"
     seq.write_text(json.dumps(PROMPT_OF_1_PLUS_K))
-    rep = _report(tmp_path, ["--model", tiny_path, "--sequence", str(seq), "--stack", "vllm-0.33-mrv1",
-                             "--mode", "full_and_piecewise", "--island", "gdn_core"])
-    script = _module(rep / SCRIPT, "script_assert")
+    _, rep = report(tmp_path, ["--model", tiny_path, "--sequence", str(seq), "--stack", "vllm-0.33-mrv1",
+                               "--mode", "full_and_piecewise", "--island", "gdn_core"])
+    script = module(rep / SCRIPT, "script_assert")
     spec = json.loads(script.SPEC_JSON)
     assert spec["rules"]["uniform_decode"] == "shape" and spec["rules"]["assert_full_past_prompt"] is False
     spec["rules"]["assert_full_past_prompt"] = True
@@ -114,14 +97,11 @@ def test_a_blind_53051_finding_reproduces_in_the_script_under_its_stack(stack, e
     the 3-token prompt at the suite's first divergence; under the fixed stack it is clean."""
     seq = tmp_path / "seq.json"
     seq.write_text(json.dumps(PROMPT_OF_1_PLUS_K))
-    rep = _report(tmp_path, ["--model", tiny_path, "--sequence", str(seq), "--stack", stack,
-                             "--mode", "full_and_piecewise", "--island", "gdn_core"])
+    _, rep = report(tmp_path, ["--model", tiny_path, "--sequence", str(seq), "--stack", stack,
+                               "--mode", "full_and_piecewise", "--island", "gdn_core"])
     doc = json.loads((rep / "result.json").read_text())
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    p = subprocess.run([sys.executable, SCRIPT, "--device", "cpu"], cwd=rep, env=env, capture_output=True,
-                       text=True, timeout=300)
+    p, got = run_script(rep)
     assert p.returncode == expect, p.stdout + p.stderr
-    got = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
     if expect:
         fd = doc["results"][0]["first_divergence"]
         assert (got["step"], got["island"], got["tensor"]) == (fd["step"], fd["island"], fd["tensor"])
