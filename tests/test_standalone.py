@@ -47,6 +47,20 @@ def test_the_template_keeps_no_copy_of_the_kernels():
     assert not defined & set(names), defined & set(names)
 
 
+def test_the_template_rebuilds_every_control_rule():
+    """Each rule of `ControlRules` is a `control.*` option of the template, at the fixed form's value,
+    so the stack profile a result ran on reaches the script whole (`report.script.rules`)."""
+    from dataclasses import fields
+
+    from repro.knobs.options import ControlRules
+    from repro.report.script import rules
+    opts = script_options()
+    fixed = rules({"stack": "fixed"})
+    names = {f.name for f in fields(ControlRules)}
+    assert {k.partition(".")[2] for k in opts if k.startswith("control.")} == names == set(fixed)
+    assert all(opts[f"control.{n}"] == v for n, v in fixed.items()), (opts, fixed)
+
+
 def test_standalone_rows_set_only_options_the_template_rebuilds():
     k = knobs()
     assert sorted(k["hazards"]) == sorted(STANDALONE) and STANDALONE

@@ -19,8 +19,7 @@ from .load import kernel_sentinel, standalone_gap
 from ..control.modes import Runtime, parse_mode
 from ..model.config import TINY
 from ..control.dispatch import default_capture_sizes
-from ..scheduler.prefix import ALIGN_BLOCKS
-from ..scheduler.sequence import copy_slots
+from ..scheduler.sequence import Sequence
 from ..islands import kind
 from .standalone.generate import needs
 
@@ -49,16 +48,13 @@ def full_decode(mode: str) -> bool:
     return parse_mode(mode).has(Runtime.FULL)
 
 
-# The control rules the script's runner rebuilds (`knobs.options.ControlRules`): all of them.
-SCRIPT_RULES = ("uniform_decode", "assert_full_past_prompt", "first_chunk", "clear_finished_row",
-                "move_row_zeroes_source", "dummy_commits_block_table", "dummy_restages")
-
-
 def rules(r: dict) -> dict:
-    """The control rules of the stack profile the case ran on, as the script's runner reads them;
-    the case's hazards and repairs change them in the script, as the spec's knobs say."""
+    """The control rules of the stack profile the case ran on, each the template rebuilds (its
+    `control.*` options), as its runner reads them; the case's hazards and repairs change them in
+    the script, as the spec's knobs say."""
     c = hz.options_for((), (), r.get("stack") or "fixed").control
-    return {name: _plain(getattr(c, name)) for name in SCRIPT_RULES}
+    names = [k.partition(".")[2] for k in script_options() if k.startswith("control.")]
+    return {name: _plain(getattr(c, name)) for name in names}
 
 
 def _plain(v):
@@ -132,8 +128,8 @@ def spec_tokens(r: dict, seqj: dict) -> int:
 def cache_slots(seqj: dict, k: int) -> int:
     """The requests' worth of 1+K state blocks each copy's cache holds, as the suite built it
     (`Sequence.copy_slots`: more with a block size)."""
-    per_request = (ALIGN_BLOCKS if seqj.get("block_size") else 1) + k
-    return copy_slots(seqj.get("num_slots", 8), per_request, k)
+    return Sequence([], num_slots=seqj.get("num_slots", 8), spec_tokens=k,
+                    block_size=seqj.get("block_size")).copy_slots()
 
 
 def build_spec(doc, r, steps, seqj, model, sentinel, title, weights) -> dict:
