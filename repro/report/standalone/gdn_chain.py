@@ -455,9 +455,10 @@ def num_decodes(st, rule):
 
 def held_out(st, rule):
     """The requests a fixed form of the uniform-decode rule holds out of a uniform decode: each
-    before its prompt's end, or with `phase-aware` (vLLM PR #51865) each in its prefill phase
-    (`prefill_lens`: a resumed request's recompute included) unless its row is one new token over
-    existing context."""
+    before its prompt's end (vLLM PR #53059, PR #47123), or with `phase-aware` (vLLM PR #51865,
+    `vllm/v1/worker/gpu/model_runner.py: GPUModelRunner.gather_batch_req_state`) each in its prefill
+    phase (`prefill_lens`: a resumed request's recompute included) unless its row is one new token
+    over existing context."""
     if rule != "phase-aware":
         return prefilling(st)
     pre = st.get("prefill_lens") or prompts(st)
