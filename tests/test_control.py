@@ -10,7 +10,7 @@ from repro.control.builder import Common, GDNMetadataBuilder, common_for, draft_
 from repro.control.dispatch import (DEFAULT_SIZES, BatchDescriptor, Dispatcher, capture_sizes, default_capture_sizes,
                                     uniform_decode)
 from repro.control.input_batch import InputBatch
-from repro.control.modes import MODES, Runtime, mode_name, parse_mode
+from repro.knobs.modes import MODES, Runtime, mode_name, parse_mode
 from repro.errors import BadInput
 from repro.knobs.options import ControlRules, FirstChunk, UniformDecode
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 import pytest
 
 from repro.control.dispatch import DEFAULT_SIZES, Dispatcher, uniform_decode
-from repro.control.modes import Runtime, parse_mode
+from repro.knobs.modes import Runtime, parse_mode
 from repro.knobs.options import UniformDecode
 import torch
 

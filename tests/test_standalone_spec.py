@@ -10,7 +10,7 @@ import pytest
 
 from repro.control import dispatch
 from repro.control.builder import draft_counts
-from repro.control.modes import parse_mode
+from repro.knobs.modes import parse_mode
 from repro.report import SCRIPT
 from repro.report.standalone.generate import TEMPLATE
 from tests.scripts import module, report, run_script

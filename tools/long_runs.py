@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from kernels import registry
 from repro.bench.replay import checkpoint_for
-from repro.control.modes import MODES, mode_name
+from repro.knobs.modes import MODES, mode_name
 from repro.graphs import make_provider
 from repro.islands import Model
 from repro.job.cases import Case, case_sequence, run_case, sequence_needs

@@ -30,7 +30,7 @@ from ..islands import Model, Runs, kind
 from ..job.cases import Case, default_sequence, run_case
 from ..job.results import device_name
 from ..knobs import hazards as hz
-from ..control.modes import DEFAULT_MODES
+from ..knobs.modes import DEFAULT_MODES
 from ..lockstep import Lockstep, LockstepResult, Phases, moe_copies, run_lockstep, run_moe_lockstep
 from ..model.tiny import default_checkpoint
 from ..search.hunt import hunt

@@ -23,7 +23,7 @@ from ..graphs.lint import Lint
 from ..islands.gdn import Submod1
 from ..control.dispatch import BatchDescriptor
 from ..control.meta import GDNMeta
-from ..control.modes import Runtime
+from ..knobs.modes import Runtime
 from ..islands.layer import LayerCopy
 from ..knobs.options import RunnerOptions
 from .buffers import StaticInputs

@@ -34,7 +34,7 @@ from ..control.builder import Common, GDNMetadataBuilder, common_for
 from ..control.dispatch import (DEFAULT_SIZES, BatchDescriptor, Dispatcher, default_capture_sizes, prefilling,
                                 uniform_decode)
 from ..control.input_batch import InputBatch
-from ..control.modes import GraphMode, Runtime, parse_mode
+from ..knobs.modes import GraphMode, Runtime, parse_mode
 from ..control.prefix import copy_states, forward_copies
 from ..errors import ReplayRefused
 from ..graphs.lint import LintSchedule
@@ -98,7 +98,7 @@ class EagerRunner:
 
 
 class GraphRunner:
-    """The replay copy's runner (module docstring). `mode`: a vLLM graph mode (`control.modes`,
+    """The replay copy's runner (module docstring). `mode`: a vLLM graph mode (`knobs.modes`,
     resolved for GDN); `opts` (from `hazards.options_for`) says how it pads, holds, copies, pools,
     replays and reads back, `rules` how its control path decides; nothing here reads a hazard's
     name. Its parts: the persistent batch (`InputBatch`), the dispatcher, the metadata builder, the

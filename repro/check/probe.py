@@ -10,7 +10,7 @@ from .compare import BATCH_VARIANCE, Divergence
 from ..capture.runner import EagerRunner, block_rows, preprocess
 from ..control.builder import common_for
 from ..control.dispatch import pad_size
-from ..control.modes import Runtime
+from ..knobs.modes import Runtime
 from ..islands.layer import LayerCopy, collect
 from .kernelcase import locate
 from .oracle import decide, routing_inputs

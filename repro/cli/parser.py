@@ -45,7 +45,7 @@ def counts(lo: int):
 
 def mode(text: str) -> str:
     """A `--mode` value in vLLM's spelling, any case, as cases spell it (`full` -> `full_and_piecewise`)."""
-    from ..control.modes import mode_name
+    from ..knobs.modes import mode_name
     from ..errors import BadInput
     try:
         return mode_name(text)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..knobs.options import UniformDecode
-from .modes import GraphMode, Runtime
+from ..knobs.modes import GraphMode, Runtime
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16)  # vLLM's default list for 8 requests and a 16-token step budget at K = 0
 PLATFORM_CEILING = 512  # `default_max_graph_size` (1024 only on compute capability 10.x)

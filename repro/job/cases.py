@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from ..knobs import hazards as hz
 from ..control.dispatch import DEFAULT_SIZES, default_capture_sizes
-from ..control.modes import DEFAULT_MODES, mode_name
+from ..knobs.modes import DEFAULT_MODES, mode_name
 from ..errors import BadInput
 from ..islands import Model, Runs, kind
 from ..lockstep import run_lockstep, run_moe_lockstep

@@ -12,7 +12,7 @@ that was reached and showed nothing is a MISSED hazard.
 from __future__ import annotations
 
 from ..control.dispatch import Dispatcher, prefilling, uniform_decode
-from ..control.modes import Runtime, parse_mode
+from ..knobs.modes import Runtime, parse_mode
 from ..knobs import hazards as hz
 
 # step conditions: name -> what the steps must contain (said in the table's note when not reached)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..errors import Refused
 from ..graphs.lint import UNDECLARED
-from ..control.modes import Runtime, parse_mode
+from .modes import Runtime, parse_mode
 from .options import FirstChunk, HostCopy, Options, Pad, UniformDecode, apply, validate
 from .stacks import differs
 from .stacks import stack as _stack

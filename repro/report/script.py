@@ -16,7 +16,7 @@ from pathlib import Path
 from ..knobs import hazards as hz
 from .standalone.generate import GenerationError, render_script, script_options
 from .load import kernel_sentinel, standalone_gap
-from ..control.modes import Runtime, parse_mode
+from ..knobs.modes import Runtime, parse_mode
 from ..model.config import TINY
 from ..control.dispatch import default_capture_sizes
 from ..scheduler.sequence import Sequence

@@ -9,7 +9,7 @@ data-parallel rank's dummy steps are in the sequences."""
 from __future__ import annotations
 
 from ..check.compare import Divergence
-from ..control.modes import mode_name
+from ..knobs.modes import mode_name
 from ..job.cases import run_case, sequence_needs
 from ..knobs import hazards as hz
 from .blame import Blame, blame

@@ -29,7 +29,7 @@ from collections import Counter
 
 from ..control.dispatch import DEFAULT_SIZES, Dispatcher, prefilling, uniform_decode
 from ..control.input_batch import InputBatch
-from ..control.modes import parse_mode
+from ..knobs.modes import parse_mode
 from ..knobs.options import ControlRules, UniformDecode
 
 FIXED = ControlRules()  # the rules' fixed forms: what the runner under test does at baseline
