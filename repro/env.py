@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
-import json
 import importlib.util
 import platform
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -229,17 +227,3 @@ def format_env(d: dict) -> str:
         which = "this project's" if k.get("project") else f"NOT this project's (expected {k.get('expected')})"
         lines.append(f"kernels     {k.get('path')} ({which})")
     return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class EnvConfig:
-    """What `repro env` needs."""
-
-    json: bool = False  # JSON instead of text
-
-
-def env_command(c: EnvConfig) -> int:
-    """`repro env`: print the environment; always 0."""
-    d = environment()
-    print(json.dumps(d, indent=2) if c.json else format_env(d))
-    return 0

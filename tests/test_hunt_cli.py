@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from repro.commands import hunt as HC
 from repro.search import hunt as H
 from repro.cli.app import main
 from repro.knobs.hazards import HAZARDS
@@ -66,7 +67,8 @@ def test_a_flaky_failure_is_one_exception_not_a_traceback(tmp_path):
 
 def test_the_search_space_reaches_the_largest_captured_size():
     from repro.control.dispatch import DEFAULT_SIZES
-    space = H.space_for(DEFAULT_SIZES)
+    from repro.search.strategies import space_for
+    space = space_for(DEFAULT_SIZES)
     top = max(DEFAULT_SIZES)
     assert space["num_slots"] >= top and space["max_requests"] >= top and space["max_tokens"] >= top
     seq = Sequence([Request(i, 1, 3) for i in range(top)], num_slots=space["num_slots"],
@@ -76,16 +78,16 @@ def test_the_search_space_reaches_the_largest_captured_size():
 
 def test_minimal_sequences_are_cut_after_the_divergence():
     m = {"steps": [{"step": i} for i in range(6)]}
-    assert [s["step"] for s in H.cut_after(m, 2)["steps"]] == [0, 1, 2]
-    assert H.cut_after(m, None) is m
+    assert [s["step"] for s in HC.cut_after(m, 2)["steps"]] == [0, 1, 2]
+    assert HC.cut_after(m, None) is m
 
 
 def test_replay_line_keeps_every_option_and_the_file_name_has_the_island():
-    o = H.HuntConfig(model="/m", device="cpu", island="moe", layer=2, sentinel=-1,
+    o = HC.HuntConfig(model="/m", device="cpu", island="moe", layer=2, sentinel=-1,
                       hazards=("frozen-python-state",))
-    save = H.save_path(o, "piecewise")
+    save = HC.save_path(o, "piecewise")
     assert save.name.startswith("moe-frozen-python-state-piecewise")
-    line = H.replay_line(o, "piecewise", save)
+    line = HC.replay_line(o, "piecewise", save)
     for part in ("--model /m", "--device cpu", "--layer 2", "--sentinel -1", "--island moe",
                  "--hazard frozen-python-state", f"--sequence {save}"):
         assert part in line

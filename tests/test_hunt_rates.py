@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from repro.bench.hunt_rates import blind_stack
+from repro.commands.hunt_rates import blind_stack
 from repro.cli.app import main
 from repro.knobs.hazards import HAZARDS
 

@@ -61,7 +61,8 @@ def test_the_checker_sees_a_cycle():
 
 
 def test_cli_bench_hunt_have_no_cycle():
-    c = [x for x in cycles(graph()) if {"repro.cli.app", "repro.job.run", "repro.bench.replay", "repro.search.hunt"} & set(x)]
+    watched = {"repro.cli.app", "repro.commands.run", "repro.bench.replay", "repro.search.hunt"}
+    c = [x for x in cycles(graph()) if watched & set(x)]
     assert not c, c
     g = graph()
     assert "repro.cli.app" not in g["repro.search.hunt"] and "repro.cli.app" not in g["repro.bench.replay"]
@@ -75,18 +76,19 @@ def test_no_import_cycle_in_the_package():
 # (`repro.cli` is the edge: it may import anything; nothing imports it but `repro.__main__`.)
 LAYERS = (
     ("repro", "repro.errors", "repro.io", "repro.progress"),
-    ("repro.knobs.options",),  # the rule settings, plain data
+    ("repro.knobs.options", "repro.knobs.modes"),  # the rule settings and graph modes, plain data
     ("repro.graphs", "repro.model", "repro.control"),
     ("repro.knobs", "repro.env"),
     ("repro.islands",),
     ("repro.capture",),
     ("repro.check",),
     ("repro.lockstep", "repro.scheduler"),
-    ("repro.job", "repro.comm"),
+    ("repro.job",),
+    ("repro.comm",),
     ("repro.search",),
     ("repro.report",),
-    ("repro.job.run", "repro.search.hunt"),  # the jobs' entry points: they write a --report
     ("repro.bench",),
+    ("repro.commands",),  # each command's config and function: composes the library, never imported by it
     ("repro.cli", "repro.__main__"),
 )
 # The standalone script's template is written into a report whole: one file by design.
@@ -107,13 +109,33 @@ def test_layer_of_reads_the_table():
     # a listed module sits apart from its package: the rules the control path reads sit below it,
     # and the two jobs' entry points above the report they write
     assert layer_of("repro.knobs.options") < layer_of("repro.control.dispatch") < layer_of("repro.knobs.hazards")
-    assert layer_of("repro.job.cases") < layer_of("repro.report.repairs") < layer_of("repro.job.run")
+    assert layer_of("repro.knobs.modes") < layer_of("repro.control.dispatch")
+    assert layer_of("repro.job.cases") < layer_of("repro.report.repairs") < layer_of("repro.commands.run")
 
 
 def test_no_module_imports_one_above_its_layer():
     up = sorted((m, t) for m, targets in graph().items() for t in targets
                 if m.startswith("repro") and layer_of(t) > layer_of(m))
     assert not up, up
+
+
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_two_packages_import_each_other():
+    """Between packages every arrow runs one way (a module listed apart, as `knobs.options` is,
+    counts as its package): a pair that imports each other has an arrow running back up."""
+    arrows = {(_package(m), _package(t)) for m, targets in graph().items() for t in targets
+              if m.startswith("repro") and t.startswith("repro") and _package(m) != _package(t)}
+    both = sorted((a, b) for a, b in arrows if (b, a) in arrows and a < b)
+    assert not both, both
+
+
+def test_no_library_package_imports_the_commands():
+    found = sorted((m, t) for m, targets in graph().items() for t in targets
+                   if t.startswith("repro.commands") and not m.startswith(("repro.commands", "repro.cli")))
+    assert not found, found
 
 
 def test_no_module_over_400_lines():

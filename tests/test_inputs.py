@@ -146,7 +146,7 @@ def test_a_preset_too_big_for_memory_is_one_line(tmp_path, capsys, monkeypatch):
 
 
 def test_out_of_memory_during_a_run_is_one_line(tiny_path, capsys, monkeypatch):
-    import repro.job.run as job
+    import repro.commands.run as job
 
     def oom(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")

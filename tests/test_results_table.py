@@ -30,7 +30,8 @@ def test_findings_on_a_clean_row_are_notes_printed_whole():
 
 
 def test_a_hunt_says_how_far_it_is_against_its_bound_without_a_terminal():
-    from repro.search.hunt import HUNT_LINE_EVERY, Budget, HuntProgress
+    from repro.commands.hunt import HUNT_LINE_EVERY, HuntProgress
+    from repro.search.hunt import Budget
     s = _io.StringIO()
     progress = HuntProgress("hunt chain full stale-pad", stream=s, tty=False)
     b = Budget(lambda seq: None, 25, progress)

@@ -1,4 +1,4 @@
-"""`repro bench`: argparse values to `BenchConfig`, then `repro.bench.output.bench_command`."""
+"""`repro bench`: argparse values to `BenchConfig`, then `repro.commands.bench.bench_command`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +11,7 @@ def _path(v):
 
 
 def bench(a) -> int:
-    from ..bench.output import BenchConfig, bench_command
+    from ..commands.bench import BenchConfig, bench_command
     return bench_command(BenchConfig(
         model=_path(a.model), preset=a.preset, device=a.device, island=a.island, mode=a.mode, batches=a.batches,
         iters=a.iters, warmup=a.warmup, kernels=a.kernels, seed=a.seed, no_repairs=a.no_repairs,

@@ -1,7 +1,7 @@
-"""`repro env`: argparse values to `EnvConfig`, then `repro.env.env_command`."""
+"""`repro env`: argparse values to `EnvConfig`, then `repro.commands.env.env_command`."""
 from __future__ import annotations
 
 
 def env(a) -> int:
-    from ..env import EnvConfig, env_command
+    from ..commands.env import EnvConfig, env_command
     return env_command(EnvConfig(json=a.json))

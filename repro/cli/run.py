@@ -18,7 +18,7 @@ def command_line(argv) -> str:
 
 
 def run(a) -> int:
-    from ..job.run import RunConfig, run_command
+    from ..commands.run import RunConfig, run_command
     return run_command(RunConfig(
         command=command_line(a.argv), model=_path(a.model), device=a.device, island=a.island, layer=a.layer,
         mode=a.mode, hazards=tuple(a.hazard), repairs=tuple(a.repair), steps=a.steps, seed=a.seed,
@@ -31,7 +31,7 @@ def run(a) -> int:
 
 
 def hunt(a) -> int:
-    from ..search.hunt import HuntConfig, hunt_command
+    from ..commands.hunt import HuntConfig, hunt_command
     return hunt_command(HuntConfig(
         model=a.model, device=a.device, island="chain" if a.island in ("all", "chain") else a.island,
         layer=a.layer, mode=a.mode, hazards=tuple(a.hazard), repairs=tuple(a.repair), sentinel=a.sentinel,

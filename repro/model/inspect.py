@@ -1,13 +1,9 @@
 """`repro inspect`: what a checkpoint holds - layers and types, quant scheme per module, bytes, problems."""
 from __future__ import annotations
 
-import json
 import re
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..io import emit
 from .checkpoint import Checkpoint, QTensor
 from .config import GDN
 from .quant import BF16, W8A8_INT8
@@ -115,23 +111,3 @@ def format_inspect(d: dict) -> str:
     n, w = len(d["problems"]), len(d.get("warnings", []))
     lines.append(f"problems: {n or 'none'}" + (f", warnings: {w}" if w else "") + (" (on stderr)" if n or w else ""))
     return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class InspectConfig:
-    """What `repro inspect` needs."""
-
-    model: Path
-    json: bool = False  # JSON instead of the table
-
-
-def inspect_command(c: InspectConfig) -> int:
-    """`repro inspect`: each problem and warning on stderr, worded as `repro run` words it, then
-    the description on stdout; 2 when the checkpoint has problems (what `repro run` refuses)."""
-    d = inspect(c.model)
-    for p in d["problems"]:
-        print(f"repro: error: {p}", file=sys.stderr)
-    for w in d["warnings"]:
-        print(f"repro: warning: {c.model}: {w}", file=sys.stderr)
-    emit(json.dumps(d, indent=2) if c.json else format_inspect(d))
-    return 2 if d["problems"] else 0

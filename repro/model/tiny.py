@@ -17,7 +17,6 @@ import shutil
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -368,24 +367,3 @@ def _publish(tmp: Path, target: Path, overwrite: bool) -> None:
     os.replace(target, trash)
     os.replace(tmp, target)
     shutil.rmtree(trash, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class MakeTinyConfig:
-    """What `repro make-tiny` needs (`make_tiny`'s options)."""
-
-    dir: Path
-    seed: int = 0
-    preset: str = "tiny"
-    quantised: str = "production"
-    naming: str = "split"
-    experts: str = "per_expert"
-    shards: int = 1
-
-
-def make_tiny_command(c: MakeTinyConfig) -> int:
-    """`repro make-tiny`: write the checkpoint and say where."""
-    path = make_tiny(c.dir, seed=c.seed, preset=c.preset, quantised=c.quantised, naming=c.naming,
-                     experts=c.experts, shards=c.shards)
-    print(f"wrote {path}")
-    return 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import shlex
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..knobs import hazards as hz
@@ -41,8 +40,8 @@ from ..islands import Model
 
 OUTPUTS = ("REPORT.md", "env.txt", "sequence.json", "result.json", SCRIPT, WEIGHTS, KERNEL_SCRIPT, KERNEL_INPUTS)
 
-__all__ = ["OUTPUTS", "SCRIPT", "WEIGHTS", "RepairRow", "ReportConfig", "check_output", "check_result", "load_result",
-           "pick", "repair_rows", "report_command", "standalone_gap", "steps_that_ran", "write_report"]
+__all__ = ["OUTPUTS", "SCRIPT", "WEIGHTS", "RepairRow", "check_layer", "check_output", "check_result", "load_result",
+           "pick", "repair_rows", "standalone_gap", "steps_that_ran", "write_report"]
 
 
 def check_output(path, force: bool = False, what: str = "-o") -> Path:
@@ -158,32 +157,3 @@ def write_report(doc: dict, out_dir, *, command: str | None = None, result_path:
                 pass
         raise
     return out
-
-
-@dataclass(frozen=True)
-class ReportConfig:
-    """What `repro report` needs (`write_report`'s options, and the result file to read)."""
-
-    result: Path
-    output: Path
-    force: bool = False
-    case: int | None = None
-    layer: int | None = None
-    sentinel: int | None = None
-    seed: int = 0
-    weights: str = "auto"
-    verify: bool = True
-    stack: str | None = None  # None: the result's own stack profile, else fixed
-    cache: Path | None = None  # None: `io.cache_dir`'s default
-
-
-def report_command(c: ReportConfig) -> int:
-    """`repro report`: the report directory from a result file; says what it wrote."""
-    out = check_output(c.output, c.force, "-o")
-    doc = load_result(c.result)
-    check_layer(doc, c.layer)
-    write_report(doc, out, result_path=str(c.result), index=c.case, layer=c.layer, sentinel=c.sentinel,
-                 verify=c.verify, seed=c.seed, weights=c.weights, force=c.force, cache=c.cache, stack=c.stack)
-    print(f"wrote {out}/REPORT.md, env.txt, sequence.json" + (f", {SCRIPT}" if (out / SCRIPT).exists() else "")
-          + (f", {WEIGHTS}" if (out / WEIGHTS).exists() else ""))
-    return 0

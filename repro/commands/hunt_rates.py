@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..knobs import hazards as hz
 from ..knobs.stacks import STACKS, differs
-from ..search.hunt import HuntConfig, _hunt
+from .hunt import HuntConfig, run_hunt
 
 
 def blind_stack(h, only: str | None = None) -> tuple[str | None, str]:
@@ -55,7 +55,7 @@ def one(cfg: HuntConfig, quiet: bool) -> tuple[dict, dict | None]:
     stats: dict = {}
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink), (contextlib.redirect_stderr(sink) if quiet else contextlib.nullcontext()):
-        _, doc = _hunt(cfg, stats)
+        _, doc = run_hunt(cfg, stats)
     return stats, doc
 
 

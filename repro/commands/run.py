@@ -25,9 +25,9 @@ from ..report import check_output as check_report_dir
 from ..report import write_report
 from ..scheduler.prefix import check_block_size
 from ..scheduler.sequence import Sequence
-from .cases import check_knobs, default_sequence, plan, run_case
-from .results import WIDTH, device_name, exit_code, format_table, verdict
-from .triggers import needs
+from ..job.cases import check_knobs, default_sequence, plan, run_case
+from ..job.results import WIDTH, device_name, exit_code, format_table, verdict
+from ..job.triggers import needs
 
 
 DEFAULT_STEPS = 200
