@@ -150,3 +150,13 @@ def test_batch_invariance_is_declared_per_provider():
     assert d["rms_norm"]["providers"]["vllm_xpu"]["batch_invariant"] is False
     with pytest.raises(KernelSelectionError, match="nope"):
         registry.batch_invariant("rms_norm", "nope")
+
+
+def test_the_reference_of_each_selected_provider_is_what_an_independent_copy_runs():
+    """`references()`: `reference` for every op, except a fused GDN core, whose reference is the
+    plain-torch statement of its kernel's rules (the composition's semantics are another's)."""
+    assert set(registry.references().values()) == {"reference"}
+    registry.configure("gdn=xpu_semantics")
+    refs = registry.references()
+    assert refs["gdn_attention"] == "xpu_semantics" and refs["gated_delta_rule_decode"] == "reference"
+    assert registry.where("gdn_attention", "vllm_xpu") == ("kernels.gdn.vllm_xpu", "gdn_attention_vllm_xpu")

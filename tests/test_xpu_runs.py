@@ -12,6 +12,7 @@ from repro.job.cases import Case, default_sequence, plan, run_case
 from repro.job.results import verdict
 from repro.knobs import hazards as hz
 from repro.lockstep.lockstep import Lockstep
+from repro.scheduler.sequence import Request, Sequence
 
 SEQ = default_sequence(seed=0, steps=30)
 FUSED = {"gdn": "xpu_semantics"}
@@ -74,3 +75,23 @@ def test_the_undeclared_mutation_hazard_hides_the_fused_cores_state_writes(setup
         r = run_case(model, provider, Case("chain", "piecewise", ("undeclared-mutation",), expect="finding"), SEQ)
     found = [f["detail"] for f in r.findings if f["kind"] == "undeclared-mutation"]
     assert verdict(r) == "detected" and any("gdn_attention_undeclared" in d and "ssm_state" in d for d in found)
+
+
+def test_53051_loses_the_prompts_output_by_default_and_its_state_into_the_null_block_under_the_xpu_rules(setup):
+    """vLLM #53051's minimal trigger (a 3-token prompt at k = 2, replayed through the FULL decode graph
+    whose spec buffers hold the capture's null indices). Default providers: the kernels skip index 0,
+    so the prompt's output is never written (the first divergence is its core output row). Under
+    vllm-xpu-kernels' rules the spec kernels run the row on block 0: at the first step block 0 still
+    holds zeros, the start a new prompt has, so the output is right, but every column's state goes
+    to the null block and the request's own block 1 is never written (its next decode starts from
+    it); a later prompt hitting the bug would start from what this one left in block 0."""
+    model, provider = setup
+    seq = Sequence([Request(0, 3, 0)], num_slots=16, spec_tokens=2)
+    case = Case("chain", "full", ("shape-only-uniform-decode",), expect="diverged", spec_tokens=2)
+    default = run_case(model, provider, case, seq).divergence
+    with registry.using(**FUSED):
+        fused = run_case(model, provider, case, seq).divergence
+    assert (default.step, default.island, default.tensor, default.request) == (0, "gdn_core", "core_out", 0)
+    assert default.damage["null_written"] is None and 0 not in default.damage["blocks"]
+    assert (fused.step, fused.island, fused.tensor, fused.slot) == (0, "gdn_core", "conv_state", 1)
+    assert fused.damage["blocks"] == [0, 1] and fused.damage["null_written"] == 0 and fused.damage["live"]

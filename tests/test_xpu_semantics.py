@@ -161,3 +161,34 @@ def test_has_initial_state_false_starts_a_decode_row_from_zeros():
     given = run("xpu_semantics", **{**DECODES, "has_initial_state": [True, False, True]})
     absent = run("xpu_semantics", **DECODES)
     assert torch.equal(given[2][2], absent[2][2]) and not torch.equal(given[2][5], absent[2][5])
+
+
+def test_spec_rows_beside_prefills_agree_with_the_composition():
+    """Rule 1: the spec group, then the non-spec group, each on its own tokens (by index)."""
+    batch = dict(T=7, spec_k=1, num_spec_decodes=1, num_prefills=2, num_actual_tokens=7, num_prefill_tokens=5,
+                 spec_query_start_loc=[0, 2], spec_state_indices=[[5, 6]], num_accepted_tokens=[1],
+                 spec_token_indx=[0, 1], non_spec_token_indx=[2, 3, 4, 5, 6], non_spec_query_start_loc=[0, 3, 5],
+                 non_spec_state_indices=[2, 3], has_initial_state=[True, False])
+    x_out, x_conv, x_ssm, _ = run("xpu_semantics", **batch)
+    r_out, r_conv, r_ssm, _ = run("reference", **batch)
+    torch.testing.assert_close(x_out.float(), r_out.float(), atol=2 ** -8, rtol=2 ** -8)
+    torch.testing.assert_close(x_ssm, r_ssm, **TOL)
+    assert torch.equal(x_conv[[2, 3]], r_conv[[2, 3]])  # the prefills' windows; the spec row's: per column
+
+
+@pytest.mark.parametrize("tokens", [7, 8])
+def test_a_stray_token_beside_prefills_races_below_8_tokens_and_is_dropped_from_8(tokens):
+    """Rules 4-5: past every row's end, the untiled XE2 conv (fewer than 8 tokens) gives the token to
+    the last row, writing that prefill's block in place while the row's first tokens read it: a race,
+    refused. From 8 tokens the tiled kernel drops it: the call equals one without it."""
+    lens = [tokens - 3, 2]
+    batch = dict(T=tokens, num_prefills=2, num_actual_tokens=tokens, num_prefill_tokens=tokens - 1,
+                 non_spec_query_start_loc=[0, lens[0], lens[0] + lens[1]], non_spec_state_indices=[2, 4],
+                 has_initial_state=[True, True])
+    if tokens < 8:
+        with pytest.raises(KernelRefused, match="write block 4, which .* reads"):
+            run("xpu_semantics", **batch)
+    else:
+        without = run("xpu_semantics", **{**batch, "num_actual_tokens": tokens - 1})
+        with_stray = run("xpu_semantics", **batch)
+        assert all(torch.equal(a, b) for a, b in zip(with_stray[:3], without[:3]))

@@ -12,9 +12,11 @@ Providers: gating `reference`, `triton`; decode `reference` (row loop), `torch` 
 `reference` (row and token loop), `torch` (one token position of every row at a time), `triton`,
 and `fla` listed absent: fla-core 0.6.0's `fused_recurrent_gated_delta_rule` has no per-token state
 indices or accepted counts (vLLM's copy of it adds `ssm_state_indices` and `num_accepted_tokens`),
-and it takes unknown keywords silently (`**kwargs`), so they cannot be passed to it. No `vllm_xpu`:
-vllm-xpu-kernels 0.1.16.2 runs the speculative recurrence only inside `gdn_attention`, fused with
-the conv and the gating.
+and it takes unknown keywords silently (`**kwargs`), so they cannot be passed to it. The pieces have
+no `vllm_xpu` provider: vllm-xpu-kernels 0.1.16.2's delta stages (`gated_delta_rule_spec`,
+`gated_delta_rule_non_spec`) take the raw a and b and gate them themselves, and with prefills its
+conv stage hands them q and k already L2-normalised, so no stage is one of these pieces; the whole
+core is (`gdn_attention` below).
 `naive.py` is an independent token-by-token recurrence used by the tests.
 
 `repro::gdn_attention` is the layer's whole core in one call (conv, gating, recurrence; vLLM's
