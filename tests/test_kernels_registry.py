@@ -139,11 +139,12 @@ def test_describe_lists_everything():
 def test_batch_invariance_is_declared_per_provider():
     # ours are batch-invariant on purpose, and so is FLA's decode called by keyword (measured);
     # FLA's chunked prefill (not measured), vllm-xpu-kernels' norm (work-group size chosen by
-    # the token count) and its fused GDN core (a prefill in the batch sends every row through the
-    # chunk kernels) are declared batch-variant
+    # the token count) and its fused GDN core and that core's rules (a prefill in the batch sends
+    # every row through the chunk kernel) are declared batch-variant
     variant = {(op, name) for op in registry.ops() for name in registry.providers(op)
                if not registry.batch_invariant(op, name)}
-    assert variant == {("gated_delta_rule_prefill", "fla"), ("rms_norm", "vllm_xpu"), ("gdn_attention", "vllm_xpu")}
+    assert variant == {("gated_delta_rule_prefill", "fla"), ("rms_norm", "vllm_xpu"), ("gdn_attention", "vllm_xpu"),
+                       ("gdn_attention", "xpu_semantics")}
     assert registry.batch_invariant("moe", "vllm_xpu")  # fixed-order router logits, row-wise top-k
     assert registry.batch_invariant("rms_norm") is True  # the selected (default) provider
     d = registry.describe()

@@ -1,4 +1,5 @@
-"""`xpu_semantics` (`kernels/gdn/xpu_semantics.py`): vllm-xpu-kernels' `gdn_attention`, rule by rule.
+"""`xpu_semantics` (`kernels/gdn/xpu_semantics.py`): vllm-xpu-kernels' `gdn_attention`, rule by rule
+(the numbers are `kernels/gdn/xpu_rules.py`'s).
 
 Where its rules agree with the composition of the per-piece ops (`reference` of `repro::gdn_attention`,
 vLLM's CUDA path: live rows, real blocks), outputs and states equal it and the independent float64
@@ -57,7 +58,7 @@ def test_live_rows_agree_with_the_composition(batch):
 
 
 def test_prefills_agree_with_the_token_by_token_recurrence():
-    """The XE2 chunked path (rules 4-5) against the independent float64 recurrence, from the conv
+    """The XE2 chunked path (rule 5) against the independent float64 recurrence, from the conv
     output the reference conv gives."""
     out, _, ssm, args = run("xpu_semantics", **PREFILLS)
     before = gdn_core_args(seed=5, **PREFILLS)
@@ -126,7 +127,7 @@ SPEC = dict(T=6, spec_k=2, num_spec_decodes=2, num_actual_tokens=6, spec_query_s
 
 
 def test_spec_rows_agree_from_column_0_and_keep_their_conv_per_column_block():
-    """Rule 6: with one accepted token both start from column 0's block, and outputs and the states of
+    """Rule 7: with one accepted token both start from column 0's block, and outputs and the states of
     every column agree; the conv window after token t lands in column t's block (the composition
     keeps every window in column 0's block, at an offset)."""
     batch = {**SPEC, "num_accepted_tokens": [1, 1]}
@@ -139,7 +140,7 @@ def test_spec_rows_agree_from_column_0_and_keep_their_conv_per_column_block():
 
 
 def test_spec_rows_are_always_1_plus_k_tokens():
-    """Rule 6: a row's query length is not read; a batch whose spec rows are shorter fails the
+    """Rule 7: a row's query length is not read; a batch whose spec rows are shorter fails the
     kernel's own count check."""
     short = {**SPEC, "T": 5, "num_actual_tokens": 5, "spec_query_start_loc": [0, 3, 5], "num_accepted_tokens": [1, 1],
              "spec_token_indx": [0, 1, 2, 3, 4]}
@@ -156,7 +157,7 @@ def test_a_zero_length_row_beside_a_prefill_is_refused():
 
 
 def test_has_initial_state_false_starts_a_decode_row_from_zeros():
-    """Rule 5: given (vLLM gives it only with prefills), a false entry zeroes the loaded state; not
+    """Rule 6: given (vLLM gives it only with prefills), a false entry zeroes the loaded state; not
     given, every row loads its block."""
     given = run("xpu_semantics", **{**DECODES, "has_initial_state": [True, False, True]})
     absent = run("xpu_semantics", **DECODES)
@@ -178,7 +179,7 @@ def test_spec_rows_beside_prefills_agree_with_the_composition():
 
 @pytest.mark.parametrize("tokens", [7, 8])
 def test_a_stray_token_beside_prefills_races_below_8_tokens_and_is_dropped_from_8(tokens):
-    """Rules 4-5: past every row's end, the untiled XE2 conv (fewer than 8 tokens) gives the token to
+    """Rules 4 and 5: past every row's end, the untiled XE2 conv (fewer than 8 tokens) gives the token to
     the last row, writing that prefill's block in place while the row's first tokens read it: a race,
     refused. From 8 tokens the tiled kernel drops it: the call equals one without it."""
     lens = [tokens - 3, 2]
@@ -192,3 +193,15 @@ def test_a_stray_token_beside_prefills_races_below_8_tokens_and_is_dropped_from_
         without = run("xpu_semantics", **{**batch, "num_actual_tokens": tokens - 1})
         with_stray = run("xpu_semantics", **batch)
         assert all(torch.equal(a, b) for a, b in zip(with_stray[:3], without[:3]))
+
+
+def test_a_decode_row_rounds_otherwise_beside_a_prefill():
+    """Rule 5: a prefill in the launch sends the decode rows through the chunked kernel too, so their
+    bits may differ from a decode-only launch's (declared batch-variant); the values agree."""
+    decode = dict(T=9, num_decodes=1, num_actual_tokens=1, num_decode_tokens=1, non_spec_query_start_loc=[0, 1],
+                  non_spec_state_indices=[3])  # PREFILLS' first row alone (the same inputs: same seed and shapes)
+    alone = run("xpu_semantics", **decode)
+    beside = run("xpu_semantics", **PREFILLS)
+    torch.testing.assert_close(beside[2][3], alone[2][3], **TOL)
+    assert not torch.equal(beside[2][3], alone[2][3])  # chunked vs step by step: another rounding (here)
+    assert not registry.batch_invariant("gdn_attention", "xpu_semantics")

@@ -71,12 +71,14 @@ registry.declare(__name__, "gdn", {
                                             "ssm_state_indices / num_accepted_tokens (vLLM's copy of it does)")),
     },
     # Each fused provider's own reference (the third copy's) is `xpu_semantics`: the plain-torch
-    # statement of the kernel's rules. The kernel's work split depends on the batch (prefills send
-    # every non-spec row through the XE2 chunk kernels, decode-only launches through the recurrent
-    # one): declared batch-variant.
+    # statement of the kernel's rules. The kernel's work split depends on the batch (a prefill sends
+    # every non-spec row through the XE2 chunk kernel, a decode-only launch through the recurrent one),
+    # and its statement follows it (chunked or step by step): both declared batch-variant. Padding a
+    # decode-only launch changes neither.
     "gdn_attention": {
         "reference": Source(".core:gdn_attention_reference"),
-        "xpu_semantics": Source(".xpu_semantics:gdn_attention_xpu_semantics", reference="xpu_semantics"),
+        "xpu_semantics": Source(".xpu_semantics:gdn_attention_xpu_semantics", batch_invariant=False,
+                                reference="xpu_semantics"),
         "vllm_xpu": Source(".vllm_xpu:gdn_attention_vllm_xpu", vllm_xpu, batch_invariant=False,
                            reference="xpu_semantics"),
     },

@@ -1,7 +1,7 @@
 """The non-spec group of `xpu_semantics` when the launch has prefills: vllm-xpu-kernels' XE2 path
 (`gdn_attn_interface.cpp: causal_conv1d_non_spec` / `gated_delta_rule_non_spec` under
 `VLLM_XPU_ENABLE_XE2`, which the 0.1.16.2 wheel is built with: its `_xpu_C` holds the XE2 conv
-kernels). Rules 4 and 5 of `xpu_semantics.py`; read on the host, so it runs only where a call runs
+kernels). Rules 4 and 5 of `xpu_rules.py`; read on the host, so it runs only where a call runs
 eagerly: a step with a prefill is never replayed in a graph (a FULL graph holds decode metadata).
 
 Kernels: `xe_2/chunk_causal_conv1d_xe2.hpp` (fewer than 8 tokens) or

@@ -8,7 +8,9 @@ SOURCE = ("vllm-project/vllm-xpu-kernels at 4543b58 (2026-08-19), `csrc/xpu/gdn_
           "The 0.1.16.2 wheel the `vllm_xpu` provider loads is later (it also registers "
           "`gated_delta_rule_spec_recoverssm`, absent there); its `gdn_attention`, `causal_conv1d_non_spec` and "
           "`gated_delta_rule_non_spec` schemas are the same strings, its kernel bodies were not read "
-          "(compiled only)")
+          "(compiled only). A later source of that newer op (`gated_delta_rule_recoverssm.hpp`) skips a state index "
+          "`<= null_block_id`: where the wheel's other kernels gained such a check, these rules are older than the "
+          "B70's")
 
 # (rule, where it was read). Files are under csrc/xpu/gdn_attn/.
 RULES = (

@@ -106,7 +106,7 @@ class Layer:
 
 
 def spec_group(L: Layer, out, ns: int, qsl, token_indx, idx, accepted, checked: bool) -> None:
-    """Rules 1, 3 and 6: the spec conv launch, then the spec recurrence launch, rows batched."""
+    """Rules 1, 3 and 7 (`xpu_rules.py`): the spec conv launch, then the spec recurrence launch, rows batched."""
     check(idx is not None and idx.dim() == 2 and idx.shape[0] == ns, "spec_state_indices_tensor must have size "
           "[num_spec_decodes, num_speculative_tokens + 1] (causal_conv1d_spec)")
     n1, K, C = idx.shape[1], L.K, L.qkv.shape[1]
@@ -157,7 +157,7 @@ def spec_group(L: Layer, out, ns: int, qsl, token_indx, idx, accepted, checked: 
 
 
 def decode_group(L: Layer, out, decodes: int, ntok: int, has_init, qsl, glob, idx, checked: bool) -> None:
-    """Rules 3 to 5 without prefills: the conv launch over `ntok` tokens, then the recurrence over rows
+    """Rules 3, 4 and 6 (`xpu_rules.py`), without prefills: the conv launch over `ntok` tokens, then the recurrence over rows
     0..decodes-1 (`glob`: the tokens' positions in the inputs)."""
     R, K, C = qsl.shape[0] - 1, L.K, L.qkv.shape[1]
     qs, ix, dev = qsl.long(), idx.long(), qsl.device
