@@ -62,20 +62,23 @@ def always() -> tuple[bool, str]:
 @dataclass(frozen=True)
 class Source:
     """A provider as an op folder declares it: `where` is "module:function" (the module may be
-    relative to the folder), imported on first use; None for one that `available` always refuses."""
+    relative to the folder), imported on first use; None for one that `available` always refuses.
+    `reference`: the provider that states this one's semantics in plain torch (what the independent
+    third copy runs in its place, `references`)."""
     where: str | None
     available: Availability = always
     batch_invariant: bool = True
+    reference: str = "reference"
 
 
 class _Provider:
     """A registered provider: its function, or `where` = (module, name) to import it from when first asked."""
-    __slots__ = ("_fn", "available", "batch_invariant", "where")
+    __slots__ = ("_fn", "available", "batch_invariant", "reference", "where")
 
-    def __init__(self, fn, available: Availability, batch_invariant: bool = True):
+    def __init__(self, fn, available: Availability, batch_invariant: bool = True, reference: str = "reference"):
         self.where = tuple(fn.split(":", 1)) if isinstance(fn, str) else None
         self._fn = None if isinstance(fn, str) else fn
-        self.available, self.batch_invariant = available, bool(batch_invariant)
+        self.available, self.batch_invariant, self.reference = available, bool(batch_invariant), reference
 
     @property
     def fn(self) -> Callable:
@@ -93,13 +96,14 @@ _plugins: list[str] = []
 
 
 def register(op: str, provider: str, fn: Callable | str | None, available: Availability | None = None,
-             *, group: str | None = None, batch_invariant: bool = True) -> None:
+             *, group: str | None = None, batch_invariant: bool = True, reference: str = "reference") -> None:
     """`fn` (a function, or "module:function" imported on first use) as `provider` for `op`; `available()`
-    -> (bool, reason) is asked when needed; `batch_invariant=False`: a row's result may depend on the batch."""
+    -> (bool, reason) is asked when needed; `batch_invariant=False`: a row's result may depend on the batch;
+    `reference`: the provider stating its semantics in plain torch (`references`)."""
     table = _providers.setdefault(op, {})
     if provider in table:
         raise ValueError(f"provider {provider!r} registered twice for op {op!r}")
-    table[provider] = _Provider(fn, available or always, batch_invariant)
+    table[provider] = _Provider(fn, available or always, batch_invariant, reference)
     if group is not None and op not in _groups.setdefault(group, []):
         _groups[group].append(op)
 
@@ -110,7 +114,8 @@ def declare(package: str, group: str, table: dict[str, dict[str, Source]]) -> No
         for provider, src in entries.items():
             module, _, name = (src.where or "").partition(":")
             fn = f"{importlib.util.resolve_name(module, package)}:{name}" if src.where else None
-            register(op, provider, fn, src.available, group=group, batch_invariant=src.batch_invariant)
+            register(op, provider, fn, src.available, group=group, batch_invariant=src.batch_invariant,
+                     reference=src.reference)
 
 
 def where(op: str, provider: str) -> tuple[str, str] | None:
@@ -127,6 +132,18 @@ def _entry(op: str, provider: str) -> _Provider:
 def batch_invariant(op: str, provider: str | None = None) -> bool:
     """Whether `provider` (default: the selected one) gives a row the same bits in any batch."""
     return _entry(op, selected(op) if provider is None else provider).batch_invariant
+
+
+def references() -> dict[str, str]:
+    """op -> the provider an independent reference runs for it now: the `reference` of the one
+    selected (`reference` itself for every op but a fused one, whose semantics differ from the
+    composition's: `gdn_attention`'s `xpu_semantics`)."""
+    out = {}
+    for op in ops():
+        ref = _entry(op, selected(op)).reference
+        if ref in _table(op):
+            out[op] = ref
+    return out
 
 
 def load_plugins(names) -> list[str]:

@@ -86,7 +86,41 @@ def sample_args(op: str, device="cpu", seed=0, **dims):
         return q, k, v, gate, beta, ssm_state, qsl, idx, has, d["sentinel"]
     if op == "moe":
         return moe_args(g, device=device, **{k: d[k] for k in ("T", "H", "E", "I", "Is", "top_k", "quantized")})
+    if op == "gdn_attention":  # two decodes and two padded rows on the null block, as a FULL replay pads
+        return gdn_core_args(device, seed, T=4, S=d["S"], Hk=d["Hk"], Hv=d["Hv"], dk=d["dk"], dv=d["dv"],
+                             num_decodes=4, num_actual_tokens=4, num_decode_tokens=4,
+                             non_spec_query_start_loc=[0, 1, 2, 2, 2], non_spec_state_indices=[3, 5, 0, 0])
     raise ValueError(f"no sample for op {op!r}")
+
+
+GDN_META = ("num_prefills", "num_decodes", "num_spec_decodes", "num_actual_tokens", "num_decode_tokens",
+            "num_prefill_tokens", "has_initial_state", "non_spec_query_start_loc", "non_spec_token_indx",
+            "non_spec_state_indices", "spec_query_start_loc", "spec_token_indx", "spec_state_indices",
+            "num_accepted_tokens", "sentinel")
+
+
+def gdn_core_args(device="cpu", seed=0, *, T=4, S=8, Hk=2, Hv=4, dk=16, dv=16, conv_k=4, spec_k=0, **meta):
+    """`repro::gdn_attention`'s arguments: a layer's inputs for T tokens and a cache of S blocks (conv
+    rows K-1+spec_k wide), then the metadata (`GDN_META`, by name: counts 0, tensors None and
+    sentinel 0 unless given; lists become int32 tensors, token maps int64, has_initial_state bool)."""
+    g = _g(seed)
+    dev = dict(device=device)
+    C = 2 * Hk * dk + Hv * dv
+    layer = (torch.zeros(T, Hv, dv, dtype=torch.bfloat16, device=device), rand((T, C), g, **dev),
+             rand((T, Hv), g, **dev), rand((T, Hv), g, **dev), rand((C, conv_k), g, **dev, scale=0.5),
+             rand((Hv,), g, **dev), rand((Hv,), g, **dev), rand((S, C, conv_k - 1 + spec_k), g, **dev),
+             rand((S, Hv, dk, dv), g, torch.float32, **dev, scale=0.1))
+    unknown = set(meta) - set(GDN_META)
+    if unknown:
+        raise ValueError(f"gdn_core_args: no metadata field {sorted(unknown)}")
+    kinds = {"has_initial_state": torch.bool, "non_spec_token_indx": torch.long, "spec_token_indx": torch.long}
+    out = []
+    for name in GDN_META:
+        v = meta.get(name, 0 if name in GDN_META[:6] + ("sentinel",) else None)
+        if isinstance(v, (list, tuple)):
+            v = torch.tensor(v, dtype=kinds.get(name, torch.int32), device=device)
+        out.append(v)
+    return layer + tuple(out)
 
 
 def _spec_args(op, g, device, d, S_given):

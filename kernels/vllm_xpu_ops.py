@@ -9,7 +9,7 @@ adapter change that breaks a call then fails in CI without an Intel GPU. A new w
 `WHEEL_VERSION` and the strings, and the contract test says which adapter no longer fits.
 
 Namespaces: the adapters take the op namespace as a keyword argument (`ns=`), defaulting to the
-real one (`torch.ops._C`, `torch.ops._moe_C`); the contract test passes its own.
+real one (`torch.ops._C`, `torch.ops._moe_C`, `torch.ops._xpu_C`); the contract test passes its own.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from kernels import registry
 WHEEL = "vllm-xpu-kernels"
 WHEEL_VERSION = "0.1.16.2"
 EXTENSIONS = ("vllm_xpu_kernels._C", "vllm_xpu_kernels._moe_C", "vllm_xpu_kernels._xpu_C")
-for _library in ("_C", "_moe_C"):  # a kernel report's script imports these before it finds the op
+for _library in ("_C", "_moe_C", "_xpu_C"):  # a kernel report's script imports these before it finds the op
     registry.op_library(_library, f"vllm_xpu_kernels.{_library}")
 
 # library -> {op name: schema}, as registered by the 0.1.16.2 wheel (only the ops we call).
@@ -31,6 +31,17 @@ SCHEMAS = {
     "_moe_C": {
         "topk_softmax": "topk_softmax(Tensor! topk_weights, Tensor! topk_indices, Tensor! token_expert_indices, "
                         "Tensor gating_output, bool renormalize, Tensor? bias, Tensor? is_padding) -> ()",
+    },
+    "_xpu_C": {
+        "gdn_attention": "gdn_attention(Tensor! core_attn_out, Tensor! z, Tensor projected_states_qkvz, "
+                         "Tensor projected_states_ba,int num_k_heads, int num_v_heads, int head_k_dim, "
+                         "int head_v_dim,Tensor! conv_state, Tensor! ssm_state, Tensor conv_weights, "
+                         "Tensor? conv_bias, str activation, Tensor A_log, Tensor dt_bias,int num_prefills, "
+                         "int num_decodes, int num_spec_decodes, Tensor? has_initial_state, "
+                         "Tensor? non_spec_query_start_loc,  Tensor? non_spec_token_indx,"
+                         "Tensor? non_spec_state_indices_tensor, Tensor? spec_query_start_loc, "
+                         "Tensor? spec_token_indx, Tensor? spec_state_indices_tensor, Tensor? num_accepted_tokens, "
+                         "int num_actual_tokens, int tp_size, bool reorder_input) -> ()",
     },
 }
 

@@ -235,3 +235,16 @@ def test_the_phase_aware_rule_keeps_a_one_token_row_over_context_and_holds_a_fir
     assert uniform_decode(rule, mid.query_lens, prefilling(rule, mid), 0)
     assert not uniform_decode(UniformDecode.PAST_PROMPT, mid.query_lens, prefilling(UniformDecode.PAST_PROMPT, mid), 0)
     assert not uniform_decode(rule, first.query_lens, prefilling(rule, first), 0)
+
+
+def test_a_spec_only_batch_carries_its_token_map_as_vllm_builds_it():
+    """`GDNAttentionMetadataBuilder.build`'s spec-only branch: spec_token_indx =
+    arange(min(num_spec_decodes * (1+k), tokens)) (the XPU kernel reads it; the CUDA path does not),
+    staged into the persistent buffer for a FULL graph; a short row leaves it shorter."""
+    b = GDNMetadataBuilder(K, 4, "cpu", full_graphs=True, pad=0)
+    meta = b.build(_common([3, 3, 0], [5, 6, 0], [2, 2, 0], [2, 2, -1], [1, 3, 1], [[1, 2, 3], [4, 5, 6], [0] * 3], 6))
+    assert meta.spec_token_indx.tolist() == list(range(6))
+    assert meta.spec_token_indx.data_ptr() == b.spec_token_indx.data_ptr()  # the persistent buffer
+    eager = GDNMetadataBuilder(K, 4, "cpu", full_graphs=False, pad=0)
+    short = eager.build(_common([3, 1], [5, 6], [2, 2], [2, 0], [1, 1], [[1, 2, 3], [4, 5, 6]]))
+    assert short.num_spec_decodes == 2 and short.spec_token_indx.tolist() == [0, 1, 2, 3]

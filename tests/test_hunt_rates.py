@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from repro.commands.hunt_rates import blind_stack
+from kernels import registry
+from repro.commands.hunt_rates import blind_stack, skip_reason
 from repro.cli.app import main
 from repro.knobs.hazards import HAZARDS
 
@@ -22,6 +23,14 @@ def test_the_blind_stack_is_the_profile_that_departs_in_the_hazards_rule():
     assert stack is None and "no stack profile sets it" in why
     stack, why = blind_stack(HAZARDS["first-chunk-as-decode"], "vllm-0.33-mrv1")
     assert stack is None and "vllm-0.33-mrv1" in why
+
+
+def test_a_hazard_the_fused_gdn_core_refuses_is_skipped_with_its_reason():
+    h = HAZARDS["pad-sentinel-mismatch"]
+    assert skip_reason(h, streams=False) is None
+    with registry.using(gdn="xpu_semantics"):
+        assert "ssm_state[-1]" in skip_reason(h, streams=False)
+        assert skip_reason(HAZARDS["stale-pad"], streams=False) is None
 
 
 @pytest.mark.slow  # seven bounded hunts (one blind: --stack): under a minute on two idle CPU cores

@@ -138,14 +138,26 @@ def test_describe_lists_everything():
 
 def test_batch_invariance_is_declared_per_provider():
     # ours are batch-invariant on purpose, and so is FLA's decode called by keyword (measured);
-    # FLA's chunked prefill (not measured) and vllm-xpu-kernels' norm (work-group size chosen by
-    # the token count) are declared batch-variant
+    # FLA's chunked prefill (not measured), vllm-xpu-kernels' norm (work-group size chosen by
+    # the token count) and its fused GDN core and that core's rules (a prefill in the batch sends
+    # every row through the chunk kernel) are declared batch-variant
     variant = {(op, name) for op in registry.ops() for name in registry.providers(op)
                if not registry.batch_invariant(op, name)}
-    assert variant == {("gated_delta_rule_prefill", "fla"), ("rms_norm", "vllm_xpu")}
+    assert variant == {("gated_delta_rule_prefill", "fla"), ("rms_norm", "vllm_xpu"), ("gdn_attention", "vllm_xpu"),
+                       ("gdn_attention", "xpu_semantics")}
     assert registry.batch_invariant("moe", "vllm_xpu")  # fixed-order router logits, row-wise top-k
     assert registry.batch_invariant("rms_norm") is True  # the selected (default) provider
     d = registry.describe()
     assert d["rms_norm"]["providers"]["vllm_xpu"]["batch_invariant"] is False
     with pytest.raises(KernelSelectionError, match="nope"):
         registry.batch_invariant("rms_norm", "nope")
+
+
+def test_the_reference_of_each_selected_provider_is_what_an_independent_copy_runs():
+    """`references()`: `reference` for every op, except a fused GDN core, whose reference is the
+    plain-torch statement of its kernel's rules (the composition's semantics are another's)."""
+    assert set(registry.references().values()) == {"reference"}
+    registry.configure("gdn=xpu_semantics")
+    refs = registry.references()
+    assert refs["gdn_attention"] == "xpu_semantics" and refs["gated_delta_rule_decode"] == "reference"
+    assert registry.where("gdn_attention", "vllm_xpu") == ("kernels.gdn.vllm_xpu", "gdn_attention_vllm_xpu")

@@ -1,9 +1,11 @@
 """`docs/real-bugs.md` is generated (`tools/real_bugs.py`) from the hazard table, the stack profiles
 and the `hunt_rates` section of a `repro bench --hunt-rates --json` result."""
+import json
 import subprocess
 import sys
 from pathlib import Path
 
+from kernels.gdn.xpu_rules import RULES, UNKNOWN
 from repro.knobs.hazards import HAZARDS
 from repro.report.real_bugs import markdown
 
@@ -44,3 +46,34 @@ def test_the_tool_renders_the_table_alone_from_this_tree():
     out = subprocess.run([sys.executable, str(ROOT / "tools" / "real_bugs.py")], capture_output=True, text=True,
                          check=True, cwd="/").stdout
     assert out == markdown(None) and "## Time to a reproducer" not in out
+
+
+def _with_damage(fd, blocks, live):
+    return {**fd, "damage": {"blocks": blocks, "live_blocks": [b for b in blocks if b], "null": 0,
+                             "null_written": 0 if 0 in blocks else None, "live": live}}
+
+
+def test_a_result_under_the_fused_core_is_a_column_and_its_differences_a_section():
+    """Each further result (the bench under `--kernels gdn=xpu_semantics`) adds a column: first
+    divergence, the state blocks apart there (the null block marked), whether a live request is
+    hurt; the B70 section lists the rules read (with their sources), what is unknown, the hazard the
+    core refuses, and each record hazard whose outcome differs."""
+    base = json.loads(json.dumps(RATES))
+    base["kernels"] = {"gdn_attention": "reference"}
+    told = base["hunt_rates"]["shape-only-uniform-decode"]["told"]
+    told["first_divergence"] = _with_damage(FD, [1, 2], True)
+    xpu = json.loads(json.dumps(base))
+    xpu["kernels"] = {"gdn_attention": "xpu_semantics"}
+    xpu["hunt_rates"]["shape-only-uniform-decode"]["told"]["first_divergence"] = _with_damage(FD, [0, 1, 2], True)
+    xpu["hunt_rates"]["pad-sentinel-mismatch"] = {"skipped": "refused by the fused GDN core: ...", "told": None,
+                                                  "blind": None}
+    md = markdown(base, xpu)
+    assert "live hurt: default providers |" in md and "live hurt: `xpu_semantics` |" in md
+    row = next(x for x in md.splitlines() if x.startswith("| vLLM #53051"))
+    assert "blocks apart: 1, 2; live request hurt: yes" in row and "blocks apart: 0 (null), 1, 2; live" in row
+    assert "refused (below)" in next(x for x in md.splitlines() if x.startswith("| vLLM #35431"))
+    section = md.split("## The B70's GDN kernel", 1)[1].split("## What the rebuild cannot express")[0]
+    assert all(where in section for _, where in RULES) and all(u in section for u in UNKNOWN)
+    assert "`pad-sentinel-mismatch`" in section and "ssm_state[-1]" in section
+    assert "`shape-only-uniform-decode` differs under `xpu_semantics`" in section
+    assert "RATES-1.json" in md and "## Time to a reproducer: `xpu_semantics`" in md

@@ -9,7 +9,17 @@ check before they run:
 - `_moe_C.topk_softmax` (vllm-xpu-kernels `csrc/moe/topk.cpp`): fp32 `topk_weights` (read with
   `data_ptr<float>`), `topk_indices` int32 / uint32 / int64 (anything else fails a TORCH_CHECK),
   int32 `token_expert_indices`, all three [num_tokens, k]; gating output fp32 / fp16 / bf16,
-  contiguous, num_tokens = numel / num_experts; `bias` fp32, `is_padding` bool 1-D [num_tokens].
+  contiguous, num_tokens = numel / num_experts; `bias` fp32, `is_padding` bool 1-D [num_tokens];
+- `_xpu_C.gdn_attention` (`csrc/xpu/gdn_attn/gdn_attn_interface.cpp` and the kernels it launches):
+  contiguous buffers (each block of `conv_state` and `ssm_state`), `projected_states_qkvz` of
+  num_k_heads * (2 head_k_dim + 2 head_v_dim * num_v_heads / num_k_heads) columns, `ba` of
+  2 num_v_heads, every leading dim >= num_actual_tokens, `conv_weights` and `conv_state` read as
+  the inputs' scalar type, `conv_state` blocks [width - 1 (+k), conv elements], `ssm_state` blocks
+  [num_v_heads, head_v_dim, head_k_dim], fp32 `A_log`, `dt_bias` of the output's dtype, int32
+  index tensors, bool `has_initial_state`, head_k_dim a multiple of the sub-group (32); its body
+  then runs `xpu_semantics` on the kernel's own layouts, so an adapter that hands over the suite's
+  layouts untransposed, or another argument order, gives other results than `xpu_semantics` run
+  directly (the test's check).
 The dispatcher checks every call against the schema (argument count, names, types), the bodies
 check the rest. The bodies also scribble on the arguments the schema lets them mutate, as a real
 kernel may, so an adapter that hands over our op's own inputs is caught.
@@ -23,7 +33,9 @@ from kernels.moe.vectorized import moe_vectorized
 from kernels.moe.vllm_xpu import moe_vllm_xpu
 from kernels.norms.reference import rms_norm_reference
 from kernels.norms.vllm_xpu import rms_norm_vllm_xpu
-from kernels.samples import moe_args
+from kernels.gdn.vllm_xpu import gdn_attention_vllm_xpu
+from kernels.gdn.xpu_semantics import gdn_attention_xpu_semantics
+from kernels.samples import gdn_core_args, moe_args
 from kernels.vllm_xpu_ops import SCHEMAS, WHEEL_VERSION
 
 PREFIX = "repro_contract"
@@ -79,7 +91,57 @@ def topk_softmax(topk_weights, topk_indices, token_expert_indices, gating_output
     token_expert_indices.copy_(torch.arange(k)[None, :] * T + torch.arange(T)[:, None])
 
 
-BODIES = {"gemma_rms_norm": gemma_rms_norm, "topk_softmax": topk_softmax}
+seen_gdn: list = []  # what the gdn_attention body was handed (layouts, flags)
+
+
+def gdn_attention(core_attn_out, z, projected_states_qkvz, projected_states_ba, num_k_heads, num_v_heads, head_k_dim,
+                  head_v_dim, conv_state, ssm_state, conv_weights, conv_bias, activation, A_log, dt_bias, num_prefills,
+                  num_decodes, num_spec_decodes, has_initial_state, non_spec_query_start_loc, non_spec_token_indx,
+                  non_spec_state_indices_tensor, spec_query_start_loc, spec_token_indx, spec_state_indices_tensor,
+                  num_accepted_tokens, num_actual_tokens, tp_size, reorder_input):
+    qkvz, ba, n = projected_states_qkvz, projected_states_ba, num_actual_tokens
+    Hk, Hv, dk, dv = num_k_heads // tp_size, num_v_heads // tp_size, head_k_dim, head_v_dim
+    C, width = 2 * Hk * dk + Hv * dv, conv_weights.shape[-1]
+    for name, t in (("core_attn_out", core_attn_out), ("z", z), ("projected_states_qkvz", qkvz),
+                    ("projected_states_ba", ba), ("conv_weights", conv_weights), ("A_log", A_log), ("dt_bias", dt_bias),
+                    ("conv_state[0]", conv_state[0]), ("ssm_state[0]", ssm_state[0])):
+        _check(t.is_contiguous(), f"gdn_attention: {name} must be contiguous")
+    _check(qkvz.shape[1] == num_k_heads // tp_size * (2 * dk + 2 * dv * num_v_heads // num_k_heads),
+           f"gdn_attention: projected_states_qkvz has {qkvz.shape[1]} columns")
+    _check(ba.shape[1] == 2 * Hv, f"gdn_attention: projected_states_ba has {ba.shape[1]} columns")
+    _check(core_attn_out.shape[1:] == (Hv, dv) and z.shape[1:] == (Hv, dv), "gdn_attention: core_attn_out / z shape")
+    _check(min(t.shape[0] for t in (core_attn_out, z, qkvz, ba)) >= n, "gdn_attention: a leading dim < num_actual_tokens")
+    _check(conv_weights.dtype == qkvz.dtype == conv_state.dtype, "gdn_attention: conv_weights and conv_state are read "
+           f"as projected_states_qkvz's type ({conv_weights.dtype}, {conv_state.dtype}, {qkvz.dtype})")
+    _check(core_attn_out.dtype in (torch.float16, torch.bfloat16), "gdn_attention: core_attn_out must be fp16/bf16")
+    _check(A_log.dtype == torch.float32, f"gdn_attention: A_log dtype must be float32, got {A_log.dtype}")
+    _check(dt_bias.dtype == core_attn_out.dtype, "gdn_attention: dt_bias dtype must match core_attn_out dtype")
+    _check(dk % 32 == 0 and dv % 32 == 0 and Hv % 4 == 0, "gdn_attention: head_k_dim % sub_group_size")
+    _check(tuple(conv_weights.shape) == (C, width) and conv_bias is None and activation == "silu",
+           "gdn_attention: conv_weights [conv elements, width], no bias, silu")
+    _check(conv_state.shape[2] == C and conv_state.shape[1] >= width - 1,
+           f"gdn_attention: conv_state {tuple(conv_state.shape)}: blocks of [width - 1 (+k), {C}]")
+    _check(ssm_state.shape[1:] == (Hv, dv, dk), f"gdn_attention: ssm_state {tuple(ssm_state.shape)}: blocks of "
+           f"[num_v_heads, head_v_dim, head_k_dim] = {(Hv, dv, dk)}")
+    for name, t in (("non_spec_query_start_loc", non_spec_query_start_loc), ("non_spec_token_indx", non_spec_token_indx),
+                    ("non_spec_state_indices_tensor", non_spec_state_indices_tensor),
+                    ("spec_query_start_loc", spec_query_start_loc), ("spec_token_indx", spec_token_indx),
+                    ("spec_state_indices_tensor", spec_state_indices_tensor), ("num_accepted_tokens", num_accepted_tokens)):
+        _check(t is None or (t.dtype == torch.int32 and t.is_contiguous()), f"gdn_attention: {name} must be of int32 dtype")
+    _check(has_initial_state is None or has_initial_state.dtype == torch.bool, "has_initial_state must be of bool dtype")
+    _check(reorder_input, "gdn_attention: this body reads the [q | k | v | z] layout (reorder_input=True) only")
+    seen_gdn.append({"z_part": qkvz[:, C:].clone(), "has_initial_state": has_initial_state})
+    conv, ssm = conv_state.transpose(1, 2).contiguous(), ssm_state.transpose(-1, -2).contiguous()
+    gdn_attention_xpu_semantics(core_attn_out, qkvz[:, :C], ba[:, :Hv], ba[:, Hv:], conv_weights, A_log, dt_bias, conv,
+                                ssm, num_prefills, num_decodes, num_spec_decodes, n, 0, 0, has_initial_state,
+                                non_spec_query_start_loc, non_spec_token_indx, non_spec_state_indices_tensor,
+                                spec_query_start_loc, spec_token_indx, spec_state_indices_tensor, num_accepted_tokens, 0)
+    conv_state.copy_(conv.transpose(1, 2))
+    ssm_state.copy_(ssm.transpose(-1, -2))
+    z.fill_(float("nan"))  # the kernel writes z; the adapter must not rely on what
+
+
+BODIES = {"gemma_rms_norm": gemma_rms_norm, "topk_softmax": topk_softmax, "gdn_attention": gdn_attention}
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +298,64 @@ def test_wheel_calls_are_kernel_calls_and_their_script_finds_the_op(ns, tmp_path
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]  # found, loaded and called; a repeatable body: no effect
     assert r.stdout.startswith(f"torch.ops.{PREFIX}_script.gemma_rms_norm: nondeterminism"), r.stdout
+
+
+GDN_DIMS = dict(Hk=2, Hv=4, dk=32, dv=64, S=7)  # the kernel's constraints; dk != dv, so a transposed state shows
+GDN_BATCHES = {
+    "padded decode": dict(T=4, num_decodes=4, num_actual_tokens=4, non_spec_query_start_loc=[0, 1, 2, 2, 2],
+                          non_spec_state_indices=[3, 5, 0, 0]),
+    "decode and prefill": dict(T=6, num_decodes=1, num_prefills=2, num_actual_tokens=6, num_decode_tokens=1,
+                               num_prefill_tokens=5, non_spec_query_start_loc=[0, 1, 3, 6],
+                               non_spec_state_indices=[2, 4, 6], has_initial_state=[True, True, False]),
+    "spec": dict(T=6, spec_k=2, num_spec_decodes=2, num_actual_tokens=6, spec_query_start_loc=[0, 3, 6],
+                 spec_state_indices=[[1, 2, 3], [4, 5, 6]], num_accepted_tokens=[2, 1], spec_token_indx=list(range(6))),
+    "spec beside a prefill": dict(T=6, spec_k=1, num_spec_decodes=1, num_prefills=1, num_actual_tokens=6,
+                                  num_prefill_tokens=4, spec_query_start_loc=[0, 2], spec_state_indices=[[5, 6]],
+                                  num_accepted_tokens=[1], spec_token_indx=[0, 1], non_spec_token_indx=[2, 3, 4, 5],
+                                  non_spec_query_start_loc=[0, 4], non_spec_state_indices=[2], has_initial_state=[True]),
+}
+
+
+def _gdn_args(batch):
+    return gdn_core_args(seed=3, **GDN_DIMS, **GDN_BATCHES[batch])
+
+
+@pytest.mark.parametrize("batch", list(GDN_BATCHES))
+def test_gdn_attention_adapter_meets_the_contract(ns, batch):
+    """The adapter through the wheel's schema and the kernel's layouts == `xpu_semantics` on the
+    suite's layouts, outputs and both states bit for bit; z goes in as zeros."""
+    direct, adapted = _gdn_args(batch), _gdn_args(batch)
+    gdn_attention_xpu_semantics(*direct)
+    seen_gdn.clear()
+    gdn_attention_vllm_xpu(*adapted, ns=ns["_xpu_C"])
+    for i in (0, 7, 8):  # core_out, conv_state, ssm_state
+        assert torch.equal(direct[i], adapted[i]), (batch, i)
+    assert len(seen_gdn) == 1 and not seen_gdn[0]["z_part"].any()
+
+
+def test_contract_catches_an_adapter_that_keeps_the_suites_layouts(ns):
+    args = list(_gdn_args("padded decode"))
+    core, qkv, b, a, w, A_log, dt_bias, conv, ssm = args[:9]
+    meta = args[9:]
+    qkvz = torch.cat([qkv, torch.zeros(qkv.shape[0], 4 * 64, dtype=qkv.dtype)], 1)
+    z, ba = torch.zeros_like(core), torch.cat([b, a], 1)
+    i32 = [m.int() if isinstance(m, torch.Tensor) else m for m in meta]
+    nd, qsl, idx, n = i32[1], i32[7], i32[9], i32[3]
+
+    def call(conv_state, ssm_state, a_log, qsl_, idx_):
+        ns["_xpu_C"].gdn_attention(core, z, qkvz, ba, 2, 4, 32, 64, conv_state, ssm_state, w, None, "silu", a_log,
+                                   dt_bias, 0, nd, 0, None, qsl_, None, idx_, None, None, None, None, n, 1, True)
+    kernel_conv, kernel_ssm = conv.transpose(1, 2).contiguous(), ssm.transpose(-1, -2).contiguous()
+    with pytest.raises(RuntimeError, match="ssm_state .*blocks of"):
+        call(kernel_conv, ssm, A_log.float(), qsl, idx)                  # the state not transposed
+    with pytest.raises(RuntimeError, match="conv_state .*blocks of"):
+        call(conv, kernel_ssm, A_log.float(), qsl, idx)                  # the conv state not transposed
+    with pytest.raises(RuntimeError, match="A_log dtype must be float32"):
+        call(kernel_conv, kernel_ssm, A_log, qsl, idx)
+    with pytest.raises(RuntimeError, match="non_spec_state_indices_tensor must be of int32"):
+        call(kernel_conv, kernel_ssm, A_log.float(), qsl, idx.long())
+    with pytest.raises(RuntimeError, match="num_prefills"):  # the schema's argument order: an int where a tensor goes
+        ns["_xpu_C"].gdn_attention(core, z, qkvz, ba, 2, 4, 32, 64, kernel_conv, kernel_ssm, w, None, "silu",
+                                   A_log.float(), dt_bias, qsl, 0, 0, None, qsl, None, idx, None, None, None, None, n, 1,
+                                   True)
+    call(kernel_conv, kernel_ssm, A_log.float(), qsl, idx)               # the same call in the kernel's layouts runs

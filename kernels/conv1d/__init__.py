@@ -10,9 +10,11 @@ window's last K-2 columns followed by its tokens from column 0 (vLLM's `causal_c
 `num_accepted_tokens`), so that the next step's window, at the column its accepted count names,
 is the last K-1 inputs up to the last accepted token. State addressing, sentinel and duplicate
 rules: `kernels/_state.py`. Providers: `reference` (loops), `torch` (vectorised), `triton`
-(`triton.py`, K = 4); bit-identical. No `vllm_xpu` provider: vllm-xpu-kernels 0.1.16.2 runs the
-speculative conv only inside `gdn_attention` (conv, gating and recurrence fused), and its
-standalone conv (`causal_conv1d_non_spec`) takes no accepted counts.
+(`triton.py`, K = 4); bit-identical. No `vllm_xpu` provider: vllm-xpu-kernels 0.1.16.2's conv
+stages (`causal_conv1d_spec`, `causal_conv1d_non_spec`) take [q | k | v | z] and return q, k, v
+split, and keep a spec row's windows in one block per draft column rather than at an offset in
+column 0's block as this op does (`kernels/gdn/xpu_rules.py`); the whole GDN core has one
+(`repro::gdn_attention`).
 """
 from __future__ import annotations
 

@@ -12,10 +12,20 @@ Providers: gating `reference`, `triton`; decode `reference` (row loop), `torch` 
 `reference` (row and token loop), `torch` (one token position of every row at a time), `triton`,
 and `fla` listed absent: fla-core 0.6.0's `fused_recurrent_gated_delta_rule` has no per-token state
 indices or accepted counts (vLLM's copy of it adds `ssm_state_indices` and `num_accepted_tokens`),
-and it takes unknown keywords silently (`**kwargs`), so they cannot be passed to it. No `vllm_xpu`:
-vllm-xpu-kernels 0.1.16.2 runs the speculative recurrence only inside `gdn_attention`, fused with
-the conv and the gating.
+and it takes unknown keywords silently (`**kwargs`), so they cannot be passed to it. The pieces have
+no `vllm_xpu` provider: vllm-xpu-kernels 0.1.16.2's delta stages (`gated_delta_rule_spec`,
+`gated_delta_rule_non_spec`) take the raw a and b and gate them themselves, and with prefills its
+conv stage hands them q and k already L2-normalised, so no stage is one of these pieces; the whole
+core is (`gdn_attention` below).
 `naive.py` is an independent token-by-token recurrence used by the tests.
+
+`repro::gdn_attention` is the layer's whole core in one call (conv, gating, recurrence; vLLM's
+metadata in, `core_out` and both states written), with vLLM-XPU's fused kernel as the model:
+providers `reference` (`core.py`: the pieces above composed as vLLM's CUDA `_forward_core` calls
+them, every piece skipping the sentinel it is given), `xpu_semantics` (`xpu_semantics.py`: what
+vllm-xpu-kernels' `_xpu_C.gdn_attention` does with each row and index, read from its sources, on
+any device) and `vllm_xpu` (`vllm_xpu.py`: the kernel itself). The island runs the pieces itself
+unless a fused provider is selected (`fused`), so a capture sees each piece as its own op.
 """
 from __future__ import annotations
 
@@ -23,12 +33,15 @@ import torch
 
 from kernels import registry
 from kernels._library import define
-from kernels.availability import triton
+from typing import Optional
+
+from kernels.availability import triton, vllm_xpu
 from kernels.gdn.common import check_gdn
 from kernels.gdn.fla import available as fla_available
 from kernels.registry import Source
 
-__all__ = ["gdn_gating", "gated_delta_rule_decode", "gated_delta_rule_prefill", "gated_delta_rule_spec"]
+__all__ = ["gdn_gating", "gated_delta_rule_decode", "gated_delta_rule_prefill", "gated_delta_rule_spec",
+           "gdn_attention", "fused"]
 
 # FLA's decode, called by keyword, is batch-invariant: rows at B=1..7 equal the same rows inside a
 # padded batch of 8 bit for bit (docs/fla/REPORT.md, H200, fla-core 0.6.0; a positional call would
@@ -57,7 +70,26 @@ registry.declare(__name__, "gdn", {
         "fla": Source(None, lambda: (False, "fla-core 0.6.0's fused_recurrent_gated_delta_rule takes no "
                                             "ssm_state_indices / num_accepted_tokens (vLLM's copy of it does)")),
     },
+    # Each fused provider's own reference (the third copy's) is `xpu_semantics`: the plain-torch
+    # statement of the kernel's rules. The kernel's work split depends on the batch (a prefill sends
+    # every non-spec row through the XE2 chunk kernel, a decode-only launch through the recurrent one),
+    # and its statement follows it (chunked or step by step): both declared batch-variant. Padding a
+    # decode-only launch changes neither.
+    "gdn_attention": {
+        "reference": Source(".core:gdn_attention_reference"),
+        "xpu_semantics": Source(".xpu_semantics:gdn_attention_xpu_semantics", batch_invariant=False,
+                                reference="xpu_semantics"),
+        "vllm_xpu": Source(".vllm_xpu:gdn_attention_vllm_xpu", vllm_xpu, batch_invariant=False,
+                           reference="xpu_semantics"),
+    },
 })
+
+
+def fused() -> bool:
+    """Whether the GDN core runs as one `repro::gdn_attention` call: a provider other than the
+    composition (`reference`) is selected for it. Under the composition the island calls each piece
+    itself (`core.composed`), so captures, the lint and the hazards see them as the ops they are."""
+    return registry.selected("gdn_attention") != "reference"
 
 
 @define("gdn_gating", mutates_args=())
@@ -135,3 +167,37 @@ def gated_delta_rule_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
 @gated_delta_rule_spec.register_fake
 def _(q, k, v, g, beta, ssm_state, state_indices, num_accepted, query_start_loc, sentinel):
     return torch.empty(v.shape, dtype=v.dtype, device=v.device)
+
+
+@define("gdn_attention", mutates_args=("core_out", "conv_state", "ssm_state"))
+def gdn_attention(core_out: torch.Tensor, qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                  conv_weight: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, conv_state: torch.Tensor,
+                  ssm_state: torch.Tensor, num_prefills: int, num_decodes: int, num_spec_decodes: int,
+                  num_actual_tokens: int, num_decode_tokens: int, num_prefill_tokens: int,
+                  has_initial_state: Optional[torch.Tensor], non_spec_query_start_loc: Optional[torch.Tensor],
+                  non_spec_token_indx: Optional[torch.Tensor], non_spec_state_indices: Optional[torch.Tensor],
+                  spec_query_start_loc: Optional[torch.Tensor], spec_token_indx: Optional[torch.Tensor],
+                  spec_state_indices: Optional[torch.Tensor], num_accepted_tokens: Optional[torch.Tensor],
+                  sentinel: int) -> None:
+    """The GDN core of one step (vLLM's `GDNAttentionMetadata` fields, `control/meta.py`): qkv [T', C]
+    (conv input, [q | k | v] head-major), b, a [T', Hv], conv_weight [C, K], A_log, dt_bias [Hv],
+    conv_state [S, C, K-1+k], ssm_state [S, Hv, dk, dv]; writes core_out [T', Hv, dv] (first
+    `num_actual_tokens` rows) and both states in place. Token and row index tensors as vLLM builds
+    them (int32 indices, int64 token maps; a mixed batch's spec and non-spec tokens by index).
+    What each provider does with a padded, null or stale row is that provider's (module docstring)."""
+    if qkv.dim() != 2 or b.shape != a.shape or b.shape[0] != qkv.shape[0] or ssm_state.dim() != 4 or \
+            conv_state.dim() != 3 or conv_state.shape[1] != qkv.shape[1] or core_out.shape[1:] != (
+                ssm_state.shape[1], ssm_state.shape[3]):
+        raise ValueError(f"gdn_attention: qkv {tuple(qkv.shape)}, b {tuple(b.shape)}, a {tuple(a.shape)}, core_out "
+                         f"{tuple(core_out.shape)}, conv_state {tuple(conv_state.shape)}, ssm_state "
+                         f"{tuple(ssm_state.shape)}")
+    registry.impl("gdn_attention")(core_out, qkv, b, a, conv_weight, A_log, dt_bias, conv_state, ssm_state,
+                                   num_prefills, num_decodes, num_spec_decodes, num_actual_tokens, num_decode_tokens,
+                                   num_prefill_tokens, has_initial_state, non_spec_query_start_loc,
+                                   non_spec_token_indx, non_spec_state_indices, spec_query_start_loc, spec_token_indx,
+                                   spec_state_indices, num_accepted_tokens, sentinel)
+
+
+@gdn_attention.register_fake
+def _(*args):
+    return None

@@ -56,6 +56,7 @@ class Divergence:
     note: str = ""  # e.g. "no live request owns it" (a state slot), "changed in place" (a weight)
     kernel: object = None  # a kernel finding: the `kernelcase.KernelCase` that shows it alone
     departed: str | None = None  # "replay" / "eager" / "both": beyond the independent reference copy's bound
+    damage: dict | None = None  # where the run stopped: the state blocks the copies hold apart (`Lockstep.damage`)
 
     @property
     def failure(self) -> bool:
@@ -67,7 +68,7 @@ class Divergence:
                 "request": self.request, "slot": self.slot, "max_abs": self.max_abs, "kind": self.kind,
                 "nonfinite": self.nonfinite, "reason": self.reason, "bound": self.bound, "note": self.note,
                 "context": self.context, "kernel": self.kernel.to_json() if self.kernel is not None else None,
-                "departed": self.departed}
+                "departed": self.departed, "damage": self.damage}
 
     def where(self) -> str:
         """The table's cell: step, tensor, row, slot, then |d| or the non-finite copy (and the note)."""

@@ -8,7 +8,8 @@ reference copy shares none of it that a step can change:
   digested then; the digest is checked again whenever the copy reports anything, so a finding is
   never blamed on a corrupted reference;
 - the `reference` provider for every op (plain torch, written to be obviously right), selected
-  only around its own step;
+  only around its own step; for a fused GDN core (`repro::gdn_attention` under `xpu_semantics` or
+  `vllm_xpu`) the plain-torch statement of that kernel's rules (`registry.references`);
 - its own state cache and island options (the correct code: no planted knob reaches it).
 
 Every `every` steps (default: every step on the CPU, every 16 on a device, where it runs the
@@ -84,7 +85,8 @@ class ReferenceCopy:
         """The step from state `pre`, reference kernels: outputs and whole new state."""
         for k, v in self.copy.cache.tensors().items():
             v.copy_(pre[k])
-        with registry.using(all="reference"), routed_on_host():  # never captured: the used experts only
+        # each op's reference of the provider selected (a fused GDN core's: its semantics, not the composition's)
+        with registry.using(**registry.references()), routed_on_host():  # never captured: the used experts only
             out = self.eager.step(batch)
         self.runs += 1
         out.update({f"gdn_core.{k}": v for k, v in self.copy.cache.tensors().items()})

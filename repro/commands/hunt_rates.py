@@ -10,7 +10,10 @@ Per record hazard, two hunts of the chain, each derandomised (the `ci` profile) 
   (a kernel's sentinel, a splitting op's fresh tensor) have no profile that carries them.
 Both draw the sequences the hazard needs (its K drafts a decode, dummy steps for an idle
 data-parallel rank): a blind hunt is told where to look, not what is there. A hazard the provider
-cannot run (streams on the CPU tape) is skipped with its reason. Nothing here asserts a timing.
+cannot run (streams on the CPU tape), or whose configuration the selected fused GDN core refuses
+(`Hazard.fused_refused`), is skipped with its reason. Each hunt runs under the kernels selected
+around it (`repro bench --kernels gdn=xpu_semantics`: what a B70's kernel does). Nothing here asserts
+a timing.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import contextlib
 import io
 import tempfile
 from pathlib import Path
+
+from kernels.gdn import fused
 
 from ..knobs import hazards as hz
 from ..knobs.stacks import STACKS, differs
@@ -40,13 +45,18 @@ def blind_stack(h, only: str | None = None) -> tuple[str | None, str]:
 def skip_reason(h, streams: bool) -> str | None:
     if (h.device_only or h.stream) and not streams:
         return "needs device streams: the CPU tape has none"
+    if fused() and h.fused_refused:
+        return f"refused by the fused GDN core: {h.fused_refused}"
     return None
 
 
 def _divergence(doc: dict, stats: dict) -> dict:
+    """Where the minimal sequence first diverges, and what it hurt there (`Lockstep.damage`: the state
+    blocks the copies hold apart, whether a live request's)."""
     fd = (doc["results"][0].get("first_divergence") or {}) if doc else {}
     out = {k: fd.get(k) for k in ("step", "island", "tensor")} if fd else {"step": None}
     out["line"] = stats.get("first_divergence")
+    out["damage"] = ((doc["results"][0].get("microscope") or {}).get("damage")) if doc else None
     return out
 
 

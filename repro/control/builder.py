@@ -170,16 +170,22 @@ class GDNMetadataBuilder:
         spec_idx, accepted = state[spec], c.accepted[spec]
         spec_qsl = _qsl(q[spec])
         if np_ == 0 and nd == 0:
+            # the spec rows' tokens in order, `min(num_spec_decodes * (1+k), tokens)` of them (what the XPU
+            # kernel is handed; the CUDA kernels do not read it)
+            order = np.arange(min(ns * (1 + self.k), spec_tokens))
             if self.full_graphs and ns <= self.max_rows and spec_tokens <= self.max_rows * (1 + self.k):
                 self._stage(self.spec_state_indices, spec_idx, rows, self.pad)
                 self._stage_qsl(self.spec_query_start_loc, spec_qsl, rows)
                 self._stage(self.num_accepted_tokens, accepted, rows, 1)
+                self._stage(self.spec_token_indx, order, len(order), None)
                 meta.spec_state_indices = self.spec_state_indices[:rows]
                 meta.spec_query_start_loc = self.spec_query_start_loc[:rows + 1]
                 meta.num_accepted_tokens = self.num_accepted_tokens[:rows]
+                meta.spec_token_indx = self.spec_token_indx[:len(order)]
             else:
                 meta.spec_state_indices, meta.spec_query_start_loc = self._t(spec_idx), self._t(spec_qsl)
                 meta.num_accepted_tokens = self._t(accepted)
+                meta.spec_token_indx = self._t(order, torch.long)
             return meta
         token_spec = np.repeat(spec, q)
         order = np.argsort(token_spec, kind="stable")  # the non-spec rows' tokens first, then the spec rows'

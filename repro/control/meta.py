@@ -29,10 +29,5 @@ class GDNMeta:
     spec_query_start_loc: torch.Tensor | None = None  # int32 [spec rows + 1]
     spec_state_indices: torch.Tensor | None = None  # int32 [spec rows, 1+k]
     num_accepted_tokens: torch.Tensor | None = None  # int32 [spec rows]
-    spec_token_indx: torch.Tensor | None = None  # int64: the spec rows' tokens (a mixed batch only)
+    spec_token_indx: torch.Tensor | None = None  # int64: the spec rows' tokens
     non_spec_token_indx: torch.Tensor | None = None  # int64: the other rows' tokens (a mixed batch only)
-
-    @property
-    def mixed(self) -> bool:
-        """Spec rows beside non-spec rows: each part's tokens are gathered by index."""
-        return self.num_spec_decodes > 0 and (self.num_decodes + self.num_prefills) > 0

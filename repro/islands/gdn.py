@@ -15,7 +15,10 @@ import torch.nn.functional as F
 from ..control.meta import GDNMeta
 from ..model.config import ModelConfig
 from ..model.weights import HeadWeights, LayerWeights
-from .hazard_ops import gated_delta_rule_decode_undeclared
+from kernels.gdn import fused
+from kernels.gdn.core import composed
+
+from .hazard_ops import gated_delta_rule_decode_undeclared, gdn_attention_undeclared
 from .base import Island, linear, ops
 
 
@@ -97,69 +100,26 @@ class GDNCore(Island):
     def state(self):
         return self.cache.tensors()
 
-    def _split(self, y):
-        c = self.cfg
-        kd, t = self.hk * c.linear_key_head_dim, y.shape[0]
-        q, k, v = y[:, :kd], y[:, kd:2 * kd], y[:, 2 * kd:]
-        return (q.reshape(t, self.hk, c.linear_key_head_dim), k.reshape(t, self.hk, c.linear_key_head_dim),
-                v.reshape(t, self.hv, c.linear_value_head_dim))
-
     def forward(self, qkv, b, a, core_out, meta: GDNMeta):
-        """vLLM's `_forward_core` (`vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py`):
-        spec rows through the spec conv update and recurrence (state read from column accepted-1,
-        the state after token t written to column t), non-spec decodes through the one-token
-        update, prefills through the varlen kernels; in a mixed batch each part's tokens are
-        gathered by index and its outputs scattered back."""
+        """vLLM's `_forward_core` (`kernels/gdn/core.py`: the pieces, each its own op), or, when a
+        fused provider of `repro::gdn_attention` is selected (`kernels.gdn.fused`), that one call with
+        the metadata vLLM's XPU path hands it (`vllm/_xpu_ops.py: _gdn_attention_core_xpu_impl`:
+        `has_initial_state` is None without prefills, as `GDNAttentionMetadataBuilder.build` leaves it)."""
         out = torch.empty_like(core_out) if self.opts.fresh_core_out else core_out
-        n = meta.num_actual_tokens
-        if meta.num_spec_decodes:
-            if meta.mixed:
-                idx = meta.spec_token_indx
-                out.index_copy_(0, idx, self._spec(qkv.index_select(0, idx), b.index_select(0, idx),
-                                                   a.index_select(0, idx), meta))
-            else:
-                out[:n].copy_(self._spec(qkv[:n], b[:n], a[:n], meta))
-        if meta.num_decodes or meta.num_prefills:
-            if meta.mixed:
-                idx = meta.non_spec_token_indx
-                out.index_copy_(0, idx, self._non_spec(qkv.index_select(0, idx), b.index_select(0, idx),
-                                                       a.index_select(0, idx), meta))
-            else:
-                self._non_spec(qkv[:n], b[:n], a[:n], meta, out[:n])
+        m = meta
+        args = (out, qkv, b, a, self.conv_w, self.w.A_log, self.w.dt_bias, self.cache.conv, self.cache.ssm,
+                m.num_prefills, m.num_decodes, m.num_spec_decodes, m.num_actual_tokens, m.num_decode_tokens,
+                m.num_prefill_tokens)
+        rest = (m.non_spec_query_start_loc, m.non_spec_token_indx, m.non_spec_state_indices,
+                m.spec_query_start_loc, m.spec_token_indx, m.spec_state_indices, m.num_accepted_tokens,
+                self.cache.sentinel)
+        if fused():
+            call = gdn_attention_undeclared if self.opts.undeclared_decode else ops.gdn_attention
+            call(*args, m.has_initial_state if m.num_prefills else None, *rest)
+        else:
+            composed(*args, m.has_initial_state, *rest,
+                     decode_rule=gated_delta_rule_decode_undeclared if self.opts.undeclared_decode else None)
         return {"core_out": out}
-
-    def _spec(self, qkv, b, a, meta: GDNMeta) -> torch.Tensor:
-        s, idx, acc, qsl = self.cache.sentinel, meta.spec_state_indices, meta.num_accepted_tokens, meta.spec_query_start_loc
-        y = ops.causal_conv1d_update_spec(qkv, self.conv_w, self.cache.conv, idx[:, 0].contiguous(), acc, qsl, s)
-        q, k, v = self._split(y)
-        g, beta = ops.gdn_gating(self.w.A_log, a, self.w.dt_bias, b)
-        return ops.gated_delta_rule_spec(q, k, v, g, beta, self.cache.ssm, idx, acc, qsl, s)
-
-    def _non_spec(self, qkv, b, a, meta: GDNMeta, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Decodes (the first `num_decodes` rows, one token each), then prefills; into `out` if given."""
-        s = self.cache.sentinel
-        nd, total = meta.num_decodes, qkv.shape[0]
-        out = torch.empty(total, self.hv, self.cfg.linear_value_head_dim, dtype=torch.bfloat16,
-                          device=qkv.device) if out is None else out
-        if nd:
-            idx = meta.non_spec_state_indices[:nd]
-            y = ops.causal_conv1d_update(qkv[:nd], self.conv_w, self.cache.conv, idx, s)
-            q, k, v = self._split(y)
-            g, beta = ops.gdn_gating(self.w.A_log, a[:nd], self.w.dt_bias, b[:nd])
-            rule = gated_delta_rule_decode_undeclared if self.opts.undeclared_decode else ops.gated_delta_rule_decode
-            out[:nd].copy_(rule(q, k, v, g, beta, self.cache.ssm, idx, s))
-        if meta.num_prefills:
-            end = meta.num_decode_tokens + meta.num_prefill_tokens
-            qsl = meta.non_spec_query_start_loc[nd:] - meta.num_decode_tokens
-            idx, init = meta.non_spec_state_indices[nd:], meta.has_initial_state[nd:]
-            x = qkv[meta.num_decode_tokens:end]
-            y = ops.causal_conv1d_fn(x, self.conv_w, self.cache.conv, qsl, idx, init, s)
-            q, k, v = self._split(y)
-            g, beta = ops.gdn_gating(self.w.A_log, a[meta.num_decode_tokens:end], self.w.dt_bias,
-                                     b[meta.num_decode_tokens:end])
-            out[meta.num_decode_tokens:end].copy_(
-                ops.gated_delta_rule_prefill(q, k, v, g, beta, self.cache.ssm, qsl, idx, init, s))
-        return out
 
 
 class Submod1(Island):

@@ -8,6 +8,9 @@ import itertools
 import random
 from dataclasses import replace
 
+from kernels.errors import KernelRefused
+from kernels.gdn import fused
+
 from ..knobs import hazards as hz
 from ..control.dispatch import DEFAULT_SIZES, default_capture_sizes
 from ..knobs.modes import DEFAULT_MODES, mode_name
@@ -49,7 +52,9 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
     FULL decode graph. `spec_tokens` given: every case runs at that K. Each hazard case runs the
     sequence its hazard needs (`sequence_needs`); every case starts from `stack`'s rules. With a
     `block_size` (prefix caching) every case runs with it and the default plan leaves out the rows
-    whose K is not below it (a block is wider than a decode's drafts: `check_block_size`)."""
+    whose K is not below it (a block is wider than a decode's drafts: `check_block_size`). Under a fused
+    GDN core (`kernels.gdn.fused`) a hazard whose configuration it refuses (`Hazard.fused_refused`) is
+    expected to be refused, with its repairs."""
     whole = island in ("all", None)
     islands = (["chain"] if (hazards or repairs) else list(DEFAULT_ISLANDS)) if whole else [island]
     modes = [mode_name(mode)] if mode else list(DEFAULT_MODES)
@@ -57,6 +62,8 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
 
     def case(isl, m, hs=(), rs=(), expect="clean"):
         k, dp = sequence_needs(hs, spec_tokens)
+        if fused() and any(hz.HAZARDS[h].fused_refused for h in hs):
+            expect = "refused"  # the fused GDN core cannot say what the hazard's configuration does
         return Case(isl, m, tuple(hs), tuple(rs), expect, k, dp, stack, block_size)
 
     cases: list[Case] = []
@@ -114,9 +121,12 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
         spec, slots = getattr(seq, "spec_tokens", 0), seq.copy_slots()  # a block size's pool is larger
         sizes = sizes or default_capture_sizes(seq.num_slots, seq.max_tokens, spec)
         ref = ReferenceCopy(independent_copy(model, slots, copy_sentinel, spec), every) if every > 0 else None
-        res = run_lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=copy_sentinel, spec_tokens=spec),
-                           provider, batches, mode=case.mode, opts=opts, sizes=sizes, trace=trace, progress=progress,
-                           max_tokens=seq.max_tokens, reference=ref, max_num_seqs=seq.num_slots)
+        try:
+            res = run_lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=copy_sentinel, spec_tokens=spec),
+                               provider, batches, mode=case.mode, opts=opts, sizes=sizes, trace=trace,
+                               progress=progress, max_tokens=seq.max_tokens, reference=ref, max_num_seqs=seq.num_slots)
+        except KernelRefused as e:  # a kernel whose own sources leave this case's outcome unknown
+            return CaseResult(case, 0, None, strict=strict, refused=str(e))
     findings = [f.to_json() for f in res.findings]
     triggered = None if batches is None else reached(case.hazards, case.repairs, case.mode, batches[:res.steps],
                                                      sizes, findings, getattr(seq, "spec_tokens", 0), seq.num_slots)

@@ -50,6 +50,7 @@ class CaseResult:
     ran: bool = True  # False: the run never reached this case (a rank died or hung first)
     bound_usage: dict = field(default_factory=dict)  # tensor -> largest |d| / bound against the third copy
     triggered: bool | None = None  # the steps reached a live hazard's trigger (`triggers.py`); None: not judged
+    refused: str = ""  # a kernel provider refused the case (`kernels.errors.KernelRefused`): its one line
 
     @property
     def failure(self) -> Divergence | None:
@@ -144,11 +145,15 @@ def rank_divergence_json(d: Divergence) -> dict:
 
 def verdict(r: CaseResult) -> str:
     """ok / DIVERGED for a case that should be clean; detected / MISSED / not triggered for a
-    planted hazard. A planted hazard is detected by a graph hazard or corruption (never by a
-    kernel finding), by the finding its row expects, or by the finding that reports its mechanism
-    (its trigger); "not triggered": the steps never reached what it needs (`triggers.py`)."""
+    planted hazard; refused (REFUSED where the plan expected an answer) when a kernel provider
+    would not say what the case does (`kernels.errors.KernelRefused`). A planted hazard is detected
+    by a graph hazard or corruption (never by a kernel finding), by the finding its row expects, or
+    by the finding that reports its mechanism (its trigger); "not triggered": the steps never
+    reached what it needs (`triggers.py`)."""
     if not r.ran:
         return "not run"
+    if r.refused:  # a kernel that cannot say what the case does: expected where the plan says so
+        return "refused" if r.case.expect == "refused" else "REFUSED"
     if r.case.expect == "clean":
         return "ok" if not r.detected else "DIVERGED"
     shown = r.detected if r.case.expect == "finding" else (r.divergence is not None or r.shown_by_finding)
@@ -160,6 +165,7 @@ def verdict(r: CaseResult) -> str:
 def exit_code(results: list[CaseResult], hazards_requested: bool = False, run: dict | None = None) -> int:
     """The run's exit code: 1 when a case that should be clean is not (a graph hazard, corruption,
     an undeclared mutation, or in strict mode a kernel finding), when a planted hazard was missed,
+    when a kernel provider refused a case the plan did not expect it to refuse,
     or when hazards were planted on request and detected; else 0 (batch variance and
     nondeterminism alone give 0).
 
@@ -168,7 +174,7 @@ def exit_code(results: list[CaseResult], hazards_requested: bool = False, run: d
     must not exit 0)."""
     if run is not None and run.get("failure"):
         return 1
-    if any(verdict(r) in ("DIVERGED", "MISSED") for r in results):
+    if any(verdict(r) in ("DIVERGED", "MISSED", "REFUSED") for r in results):
         return 1
     if hazards_requested and any(r.detected for r in results):
         return 1
@@ -191,7 +197,7 @@ def _probes(r: CaseResult) -> list[str]:
 def _notes_of(r: CaseResult) -> list[str]:
     """Everything a row has to say, whole: what failed it (or the first kernel finding), the kernel
     findings' counts, the runner's findings, why a hazard was not triggered, what a probe is."""
-    notes = []
+    notes = [r.refused] if r.refused else []
     f = r.failure
     if f is not None:
         text = f"{f.kind or 'difference'}: {_where(f)}"

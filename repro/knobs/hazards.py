@@ -77,6 +77,9 @@ class Hazard:
     record: bool = False  # one of the public record's bugs (`docs/real-bugs.md`)
     script: str = ""  # its torch-only standalone reproducer, a path in the repository
     trigger: str = "replay"  # what the steps must reach for it to show (`job/triggers.py`), or a finding kind
+    # Why a fused GDN core (vllm-xpu-kernels' `gdn_attention`: `kernels/gdn/xpu_semantics.py`) refuses this
+    # hazard's configuration, its repairs' too ("": it runs it); `docs/real-bugs.md` lists it.
+    fused_refused: str = ""
 
     def __post_init__(self):
         validate(self.sets)
@@ -96,7 +99,11 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            trigger="stale-pad"),
     Hazard("pad-sentinel-mismatch", "the runner pads state indices with 0, the kernel skips only -1",
            ("sanitize-pad",), {"runner.pad": Pad.OTHER, "kernel_sentinel": -1}, modes=("full",),
-           standalone=True, record=True, cases="vLLM #35431, #39064", trigger="padded-replay"),
+           standalone=True, record=True, cases="vLLM #35431, #39064", trigger="padded-replay",
+           fused_refused="with the kernel sentinel -1 the capture rows, and the padded rows once `sanitize-pad` "
+           "refills them, carry -1, which the XPU recurrence kernels use unchecked: they read and write "
+           "ssm_state[-1], outside the cache (on XPU only a real block, vLLM's null block 0, keeps padded rows off "
+           "live state)"),
     Hazard("shared-pool-weakref", "graph 0's outputs are held by weak reference in the shared pool, so graph 1's "
            "capture places its tensors over them and a reader of graph 0's outputs sees them overwritten",
            ("private-pool", "clone-outputs"), {"runner.weak_first_output": True}, modes=("piecewise",),

@@ -23,9 +23,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from ..capture.runner import EagerRunner, GraphRunner
 from ..check.compare import (CORRUPTION, KERNEL_FINDINGS, ROUTING_TIE, UNOWNED, WEIGHTS, Divergence, compare_step,
-                             digest, max_abs, row_owner)
+                             digest, max_abs, row_owner, same)
 from ..check.oracle import routing_inputs
 from ..check.probe import ChainProbe
 from ..check.reference_copy import ReferenceCopy, departed, name_weight_writer
@@ -149,6 +151,9 @@ class Lockstep:
         self.reference = reference  # the independent third copy (`reference_copy`), or None
         self.refused = False  # the runner's assertion stopped a replay (`REFUSED` finding)
         self.bound_usage: dict = {}  # tensor -> the largest |d| / bound against it (`oracle.corruption`)
+        # the null block (sentinel 0: block 0) holds no request's state: not compared (`_null_aside`)
+        self.null = 0 if self.replay_copy.cache.sentinel == 0 else None
+        self._null_first = torch.full((), -1, dtype=torch.int64, device=self.device)  # first step it differed
         if reference is not None:  # both run eagerly: their MoE inputs tell a router near-tie
             self.eager_copy.moe.keep_input = reference.copy.moe.keep_input = True
 
@@ -182,6 +187,7 @@ class Lockstep:
             self._record(batch, e, {})
             ph.stop(steady=False)
             return None
+        held = self._null_aside(batch)
         judged = self.check.judge(batch, e, r, se, sr, upcoming, ph)
         div = self._weights_judged(judged, batch) if judged.weights else judged.div
         if self.check.digested and self.prev is not None:
@@ -192,9 +198,51 @@ class Lockstep:
         if self.reference is not None and (div is not None or self.reference.due(self.steps - 1)) \
                 and (div is None or div.island != WEIGHTS):  # a failing step is judged whatever the cadence
             div = ph.timed("reference", self._third_copy, batch, div, e, r, judged.clean)
+        self._null_back(held)
         self._record(batch, e, r)
         ph.stop(steady=self.graph.captures == captures)
         return div
+
+    def _null_aside(self, batch: StepBatch) -> dict | None:
+        """The replay copy's null block, set aside while the step is compared, the eager copy's in its
+        place: a kernel may write it for padded rows (vllm-xpu-kernels' do: `kernels/gdn/xpu_semantics.py`)
+        and its bytes are no request's state. The first step where it differed is kept (`damage`), on the
+        device (no host read); `_null_back` puts it back, so later replays read what they wrote there."""
+        if self.null is None:
+            return None
+        se, sr = self.eager_copy.cache.tensors(), self.replay_copy.cache.tensors()
+        held = {k: v[self.null].clone() for k, v in sr.items()}
+        differs = torch.stack([(held[k] != se[k][self.null]).any() for k in held]).any()
+        self._null_first = torch.where((self._null_first < 0) & differs, batch.step, self._null_first)
+        for k, v in sr.items():
+            v[self.null].copy_(se[k][self.null])
+        return held
+
+    def _null_back(self, held: dict | None) -> None:
+        if held is not None:
+            for k, v in self.replay_copy.cache.tensors().items():
+                v[self.null].copy_(held[k])
+
+    @property
+    def null_written(self) -> int | None:
+        """The first step whose replay left the null block other than the eager copy's (None: none)."""
+        first = int(self._null_first)
+        return first if first >= 0 else None
+
+    def damage(self, batch: StepBatch, div: Divergence | None) -> dict:
+        """Where the run stopped: the state blocks the two copies hold apart (the null block's with the
+        replay's bytes, listed as written once it ever differed), those a request of the step owns,
+        and whether a live request is hurt (its output row, or a block it owns)."""
+        se, sr = self.eager_copy.cache.tensors(), self.replay_copy.cache.tensors()
+        blocks = sorted({s for k in se for s in range(se[k].shape[0]) if not same(se[k][s], sr[k][s])})
+        first = self.null_written
+        if first is not None and self.null not in blocks:
+            blocks = sorted(blocks + [self.null])
+        owned = {b for row in batch.block_rows() for b in row} | set(batch.live_slots)
+        live = [b for b in blocks if b in owned and b != self.null]
+        row_hurt = div is not None and div.row is not None and div.request is not None
+        return {"blocks": blocks, "live_blocks": live, "null": self.null, "null_written": first,
+                "live": bool(live) or row_hurt}
 
     def _weights_judged(self, judged, batch: StepBatch) -> Divergence:
         if judged.weights_now:
@@ -266,7 +314,7 @@ class Lockstep:
             if progress:
                 progress(i + 1, len(batches))
             if div is not None or self.refused:
-                return div
+                return None if div is None else replace(div, damage=self.damage(batch, div))
         return self.finish()
 
     def _against_reference(self, batch, div: Divergence | None, e: dict, r: dict,

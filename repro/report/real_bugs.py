@@ -1,11 +1,15 @@
 """`docs/real-bugs.md`: one row per bug of the public record, made from the hazard table, the stack
-profiles and a `repro bench --hunt-rates` result (what the told and blind hunts found, and how fast),
-never kept by hand."""
+profiles and `repro bench --hunt-rates` results (what the told and blind hunts found, and how fast),
+never kept by hand. The first result is the default providers'; each further one is the same bench
+under other kernels (`--kernels gdn=xpu_semantics`: the B70's fused GDN core, whose rules the page
+lists from `kernels/gdn/xpu_rules.py`), and adds a column to the record's table."""
 from __future__ import annotations
 
 import json
 import shlex
 from pathlib import Path
+
+from kernels.gdn import xpu_rules
 
 from ..knobs.hazards import HAZARDS, REPAIRS
 from ..knobs.stacks import STACKS
@@ -24,9 +28,6 @@ NOT_EXPRESSED = (
      "accepted counts part of the sequence."),
     ("vLLM #37363", "the compiler side: a multi-output splitting op's `getitem` nodes splitting into a cycle "
      "(`split_graph`); the stale input address itself is a hazard of the table."),
-    ("vLLM #35431, #39064", "the XPU SYCL `gdn_attention` kernel's own index guard (vllm-xpu-kernels, compiled): "
-     "the stored sources read and write `ssm_state[index]` with no <= 0 check, so on XPU a null or stale index "
-     "writes block 0 rather than being skipped; the rebuild's kernels skip the sentinel they are given."),
 )
 
 # What this suite's own searches found in a fix of the record (candidate upstream reports).
@@ -110,40 +111,120 @@ def _time_rows(rows: dict) -> list[str]:
     return out
 
 
-def _as_rates_json(command: str) -> str:
-    """The bench's command line with its --json file called RATES.json, as the page's commands name it."""
+def _as_rates_json(command: str, name: str = "RATES.json") -> str:
+    """The bench's command line with its --json file called `name`, as the page's commands name it."""
     words = shlex.split(command)
     if "--json" in words[:-1]:
-        words[words.index("--json") + 1] = "RATES.json"
+        words[words.index("--json") + 1] = name
     return shlex.join(words)
 
 
-def markdown(rates: dict | None) -> str:
-    """The page (`rates`: a `repro bench --hunt-rates` result, or None for the table alone)."""
+def label(rates: dict | None) -> str:
+    """Whose kernels a result ran: the default providers, or the fused GDN core it selected."""
+    core = ((rates or {}).get("kernels") or {}).get("gdn_attention", "reference")
+    return "default providers" if core == "reference" else f"`{core}`"
+
+
+def _hurt(entry: dict | None) -> str:
+    """A told hunt's outcome: where its minimal sequence first diverges, the state blocks the two
+    copies hold apart there (the null block marked), whether a live request is hurt."""
+    if not entry:
+        return "-"
+    if entry.get("skipped"):
+        return "refused (below)" if "fused GDN core" in entry["skipped"] else f"skipped: {entry['skipped']}"
+    told = entry.get("told") or {}
+    if not told.get("found"):
+        return f"not found in {told.get('examples')}"
+    dmg = (told.get("first_divergence") or {}).get("damage")
+    if not dmg:
+        return _where(told)
+    blocks = ", ".join(f"{b} (null)" if b == dmg.get("null") else str(b) for b in dmg["blocks"]) or "none"
+    return f"{_where(told)}; blocks apart: {blocks}; live request hurt: {'yes' if dmg['live'] else 'no'}"
+
+
+def _outcome(entry: dict | None):
+    """What two results are compared on: where, the blocks, whether live (None: no outcome)."""
+    told = (entry or {}).get("told") or {}
+    if not told.get("found"):
+        return (entry or {}).get("skipped") and "refused"
+    fd = told.get("first_divergence") or {}
+    dmg = fd.get("damage") or {}
+    return fd.get("step"), fd.get("tensor"), tuple(dmg.get("blocks") or ()), dmg.get("live")
+
+
+# Why a record hazard's outcome under the fused core differs from the default providers' (beside its
+# table row's cells; a hazard the core refuses says why in the hazard table, `fused_refused`).
+FUSED_WHY = {
+    "shape-only-uniform-decode": "The FULL graph's spec kernels run the prompt on the capture's null indices, and "
+    "none skips 0 (rules 3 and 7): at the first step block 0 still holds zeros, the start a new prompt has, so the "
+    "output is right, and every column's state goes to the null block instead of the request's own; its next decode "
+    "starts from its never-written block. A later prompt replayed the same way starts from what this one left in "
+    "block 0 (`tests/test_xpu_runs.py`).",
+}
+
+
+def _fused(results: list[tuple[str, dict]]) -> list[str]:
+    """The section on the B70's fused GDN core: its rules as read, what is unknown, and where the
+    record's outcomes under it differ from the default providers'."""
+    out = ["## The B70's GDN kernel (vllm-xpu-kernels' `gdn_attention`)", "",
+           "`REPRO_KERNELS=gdn=xpu_semantics` runs the GDN core as one call with the rules of vllm-xpu-kernels' fused "
+           "`_xpu_C.gdn_attention` (`kernels/gdn/xpu_semantics.py`; `gdn=vllm_xpu` calls the kernel itself on an "
+           "Intel GPU, not run here). Read from " + xpu_rules.SOURCE + ".", "", "The rules:", ""]
+    out += [f"{i}. {rule} (`{where}`)" for i, (rule, where) in enumerate(xpu_rules.RULES, 1)]
+    out += ["", "Unknown from the sources, so the call is refused in one line rather than guessed:", ""]
+    out += [f"- {u}" for u in xpu_rules.UNKNOWN]
+    out += ["", "The lockstep does not compare the null block (sentinel 0: block 0, which no request owns): padded "
+            "FULL replays write it under these rules, and each result above lists it where it was written.", ""]
+    refused = [h for h in HAZARDS.values() if h.record and h.fused_refused]
+    out += [f"- `{h.name}` ({h.cases}), its repairs too, is refused under this core: {h.fused_refused}." for h in refused]
+    (base_label, base), others = results[0], results[1:]
+    for lab, rows in others:
+        for h in (h for h in HAZARDS.values() if h.record and not h.fused_refused):
+            a, b = base.get(h.name), rows.get(h.name)
+            if _outcome(a) == _outcome(b):
+                continue
+            ta, tb = (a or {}).get("told") or {}, (b or {}).get("told") or {}
+            if ta.get("minimal_sequence") != tb.get("minimal_sequence"):  # not the same sequence: no comparison
+                out.append(f"- `{h.name}`: the told hunts ended on different minimal sequences ({base_label}: "
+                           f"{_trigger(ta)}; {lab}: {_trigger(tb)}), so their outcomes are not compared here.")
+                continue
+            out.append(f"- `{h.name}` differs under {lab}: {base_label}: {_hurt(a)}; {lab}: {_hurt(b)}. "
+                       f"{FUSED_WHY.get(h.name, '')}".rstrip())
+    return out
+
+
+def markdown(rates: dict | None, *beside: dict) -> str:
+    """The page (`rates`: a `repro bench --hunt-rates` result, or None for the table alone; `beside`:
+    the same bench under other kernels, one column each)."""
     rows = (rates or {}).get("hunt_rates") or {}
+    results = [(label(r), (r or {}).get("hunt_rates") or {}) for r in (rates, *beside)]
     bound = (rates or {}).get("hunt_rates_bound") or {}
     out = ["# The public bug record, reproduced", "",
-           "Generated by `python tools/real_bugs.py RATES.json > docs/real-bugs.md` from the hazard table "
-           "(`repro/knobs/hazards.py`), the stack profiles (`repro/knobs/stacks.py`) and a "
-           "`repro bench --hunt-rates --json RATES.json` result"
+           "Generated by `python tools/real_bugs.py RATES.json [MORE.json ...] > docs/real-bugs.md` from the hazard "
+           "table (`repro/knobs/hazards.py`), the stack profiles (`repro/knobs/stacks.py`) and "
+           "`repro bench --hunt-rates --json` results"
            + (f" ({rates.get('device', '?')}, {rates.get('graph_provider', '?')}, torch {rates.get('torch', '?')})"
               if rates else "") + "."]
     if rates and rates.get("command"):
-        out += ["", "Regenerate it with:", "", "```sh", f"python -m {_as_rates_json(rates['command'])}",
-                "python tools/real_bugs.py RATES.json > docs/real-bugs.md", "```", "",
+        files = ["RATES.json"] + [f"RATES-{i}.json" for i in range(1, len(beside) + 1)]
+        out += ["", "Regenerate it with:", "", "```sh"]
+        out += [f"python -m {_as_rates_json(r['command'], f)}" for r, f in zip((rates, *beside), files)]
+        out += [f"python tools/real_bugs.py {' '.join(files)} > docs/real-bugs.md", "```", "",
                 "Seconds are wall-clock on the machine that ran the bench (a CPU shared with other work reads "
                 "slower); no test asserts them."]
-    out += ["", "| upstream | hazard | mechanism | stacks exposed | minimal trigger (told hunt) | first divergence | "
+    cols = " | ".join(f"told hunt's first divergence, state blocks apart, live hurt: {lab}" for lab, _ in results)
+    out += ["", f"| upstream | hazard | mechanism | stacks exposed | minimal trigger (told hunt) | {cols} | "
             "repairs (upstream fixes) | standalone report |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "| --- | --- | --- | --- | --- |" + " --- |" * len(results) + " --- | --- |"]
     for h in (h for h in HAZARDS.values() if h.record):
         told = (rows.get(h.name) or {}).get("told")
         fixes = "; ".join(f"`{x}` ({REPAIRS[x].cases or REPAIRS[x].what})" for x in h.repairs)
         scripts = ([f"`python3 {STANDALONE[h.name]}`"] if h.name in STANDALONE else []) + \
             (["`repro report RESULT.json -o DIR`"] if h.standalone else [])
         script = "; ".join(scripts) or "-"
+        hurt = " | ".join(_hurt(r.get(h.name)) for _, r in results)
         out.append(f"| {h.cases} | `{h.name}` | {h.mechanism} | {', '.join(exposed(h)) or '-'} | {_trigger(told)} | "
-                   f"{_where(told)} | {fixes} | {script} |")
+                   f"{hurt} | {fixes} | {script} |")
     out += ["", "## Which rules each stack has", "",
             "| rule | " + " | ".join(STACKS) + " |", "| --- |" + " --- |" * len(STACKS)]
     for rule in next(iter(STACKS.values())).sources:
@@ -151,12 +232,15 @@ def markdown(rates: dict | None) -> str:
                      else getattr(s.rules, rule)) for s in STACKS.values()]
         out.append(f"| `{rule}` | " + " | ".join(cells) + " |")
     out += ["", "Each setting's source (file and function in the release's wheel) is in "
-            "`repro/knobs/stacks.py`.", "", "## The newest release", "", CHANGED_IN_034, "",
-            "## What the rebuild cannot express", ""]
+            "`repro/knobs/stacks.py`.", "", "## The newest release", "", CHANGED_IN_034, ""]
+    out += _fused(results)
+    out += ["", "## What the rebuild cannot express", ""]
     out += [f"- {who}: {what}" for who, what in NOT_EXPRESSED]
     out += ["", "## Found by this suite", ""] + [f"- {who}: {what}" for who, what in FOUND_HERE]
-    if rows:
-        out += ["", "## Time to a reproducer", "",
+    for lab, rr in results:
+        if not rr:
+            continue
+        out += ["", "## Time to a reproducer" + ("" if lab == results[0][0] else f": {lab}"), "",
                 "Seconds from a hunt's start (the checkpoint loaded) to the first failing sequence and to the minimal "
                 f"one, the shrinking included, each hunt derandomised (`--profile {bound.get('profile', 'ci')}`) and "
                 f"bounded by {bound.get('examples', '?')} sequences. Told: `repro hunt --hazard H` on the fixed "
@@ -164,13 +248,14 @@ def markdown(rates: dict | None) -> str:
                 "form in one of the hazard's rules, drawing the sequences the hazard needs (its K, dummy steps); "
                 "after shrinking, each rule where S departs is set to its fixed form (then pairs) and the minimal "
                 "sequence rerun, and the rules whose fixed forms clear the failure are named.", ""]
-        out += _time_rows(rows)
-        blind = [(n, r["blind"]) for n, r in rows.items() if r.get("blind") and r["blind"].get("found")]
+        out += _time_rows(rr)
+        blind = [(n, r["blind"]) for n, r in rr.items() if r.get("blind") and r["blind"].get("found")]
         if blind:
             out += ["", "Minimal sequences of the blind hunts:", ""]
             out += [f"- `{n}` on {b['stack']}: {_trigger(b)}; first divergence {_where(b)}" for n, b in blind]
     return "\n".join(out) + "\n"
 
 
-def render(path: str | Path | None) -> str:
-    return markdown(json.loads(Path(path).read_text()) if path else None)
+def render(path: str | Path | None, *beside: str | Path) -> str:
+    return markdown(json.loads(Path(path).read_text()) if path else None,
+                    *(json.loads(Path(p).read_text()) for p in beside))
