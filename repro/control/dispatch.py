@@ -7,6 +7,8 @@
   recompute included (vLLM PR #51865, the V2 runner's form: the fixed stack's).
 - `default_capture_sizes`: `vllm/config/vllm.py: VllmConfig._set_cudagraph_sizes`, the list a runner
   captures when none is configured (default performance mode, a platform ceiling of 512 tokens).
+- `configured_sizes`: the same function's list when sizes are given: deduplicated, and without the
+  sizes above the step budget (a step never holds more tokens, and vLLM drops them);
 - `capture_sizes`: `CompilationConfig.adjust_cudagraph_sizes_for_spec_decode`: with a FULL decode
   mode and 1+k > 1, every size is rounded up to a multiple of 1+k, and sizes above the largest
   one asked for are dropped (the V1 runner only).
@@ -50,6 +52,14 @@ def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, spec_t
     ceiling = min(max_num_batched_tokens, ceiling)
     sizes = _grid(ceiling) | ({max_num_batched_tokens} if max_num_batched_tokens <= ceiling else set())
     return tuple(sorted(sizes | {s for s in decode if s <= max_num_batched_tokens}))
+
+
+def configured_sizes(sizes, max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int) -> tuple[int, ...]:
+    """The capture list a runner starts from (`_set_cudagraph_sizes`): the sizes given, each at most
+    the step budget, or with none given `default_capture_sizes`."""
+    if sizes is None:
+        return default_capture_sizes(max_num_seqs, max_num_batched_tokens, spec_tokens)
+    return tuple(sorted({s for s in sizes if s <= max_num_batched_tokens}))
 
 
 def pad_size(n: int, sizes) -> int | None:
@@ -100,7 +110,7 @@ def capture_sizes(sizes, mode: GraphMode, spec_tokens: int) -> tuple[int, ...]:
     """The capture sizes the runner uses (`adjust_cudagraph_sizes_for_spec_decode`, module docstring)."""
     sizes = tuple(sorted(set(sizes)))
     q = 1 + spec_tokens
-    if mode.decode is not Runtime.FULL or q == 1:
+    if mode.decode is not Runtime.FULL or q == 1 or not sizes:
         return sizes
     top = max(sizes)
     rounded = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= top})
