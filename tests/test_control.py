@@ -13,6 +13,7 @@ from repro.control.input_batch import InputBatch
 from repro.knobs.modes import MODES, Runtime, mode_name, parse_mode
 from repro.errors import BadInput
 from repro.knobs.options import ControlRules, FirstChunk, UniformDecode
+from repro.knobs.stacks import stack
 
 K = 2  # draft tokens a decode carries: a uniform decode query is 1+K = 3 tokens
 ROWS = 4 * (1 + K)  # `decode_cudagraph_max_bs` of 4 sequences and capture sizes up to 12 (`staging_rows`)
@@ -78,6 +79,15 @@ def test_the_default_list_rounded_for_drafts_covers_every_step_when_the_budget_a
     full = parse_mode("full")
     assert capture_sizes(default_capture_sizes(8, 16, K), full, K) == (3, 6, 9, 12)  # 18 is over 16: dropped
     assert capture_sizes(default_capture_sizes(8, 48, K), full, K) == (3, 6, 9, 12, 18, 24, 33, 42, 48)
+
+
+def test_vllm_0_26_adds_no_uniform_decode_sizes_to_the_default_list():
+    """0.26.0's `_set_cudagraph_sizes` has the token grid and the budget alone: 3, 6 and 12 (1, 2 and 4
+    decodes at K = 2) are 0.33.0's (`ControlRules.decode_capture_sizes`, False in the vllm-0.26 profile)."""
+    assert default_capture_sizes(8, 16, K, decode_sizes=False) == (1, 2, 4, 8, 16)
+    assert default_capture_sizes(5, 64, 0, decode_sizes=False) == (1, 2, 4, 8)  # 0.33.0 adds 5 (max_num_seqs)
+    assert default_capture_sizes(5, 64, 0) == (1, 2, 4, 5, 8)
+    assert not stack("vllm-0.26").rules.decode_capture_sizes and stack("vllm-0.33-mrv1").rules.decode_capture_sizes
 
 
 def test_configured_sizes_above_the_step_budget_are_dropped_as_vllm_drops_them():

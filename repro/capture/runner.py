@@ -113,7 +113,7 @@ class GraphRunner:
         self.copy, self.provider, self.opts, self.rules = copy, provider, opts, rules
         self.mode = mode if isinstance(mode, GraphMode) else parse_mode(mode)
         self.k, self.sentinel = copy.spec_tokens, copy.cache.sentinel
-        sizes = configured_sizes(sizes, max_num_seqs, max_tokens, self.k)  # none configured: vLLM's default list
+        sizes = configured_sizes(sizes, max_num_seqs, max_tokens, self.k, rules.decode_capture_sizes)
         self.dispatcher = Dispatcher(self.mode, sizes, self.k, max_num_seqs)
         self.sizes = self.dispatcher.sizes
         top = max(self.sizes, default=1)

@@ -130,6 +130,10 @@ class ControlRules:
     # its prompt with no drafts as a spec row with 0 drafts, so the GDN builder applies its accepted
     # offset (0.33.0); vLLM 0.26.0 leaves it -1, a non-spec row
     zero_draft_spec_row: bool = True
+    # `vllm/config/vllm.py: VllmConfig._set_cudagraph_sizes` adds the uniform-decode sizes to the default
+    # capture list (n*(1+K) for request counts n up to max_num_seqs; max_num_seqs itself at K = 0:
+    # 0.33.0); vLLM 0.26.0's default list is the token grid and the step budget alone
+    decode_capture_sizes: bool = True
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,9 @@ OPTION_DEFAULTS = {"runner.pad": "sentinel", "runner.copy_inputs": False, "runne
                    "control.first_chunk": "is-prefilling",
                    "control.clear_finished_row": True, "control.move_row_zeroes_source": True,
                    "control.dummy_commits_block_table": True, "control.dummy_restages": True,
-                   "control.zero_draft_spec_row": True}
+                   "control.zero_draft_spec_row": True,
+                   # read by `repro report`, which writes the default capture list the script runs (spec["sizes"])
+                   "control.decode_capture_sizes": True}
 
 
 class ReplayRefused(RuntimeError):
