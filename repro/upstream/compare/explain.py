@@ -59,7 +59,7 @@ NOT_RUN = {
                   "row whose last request left in its prompt (preempted, or aborted) makes the re-staging capture "
                   "build class the dummy row a prefill (`no_prior_state`), so it stages nothing and the FULL dummy "
                   "replay reads the previous batch's indices (vLLM #49757's mechanism, through its fix; run on 0.33.0's "
-                  "builder: `num_prefills` 1, the buffer kept). The mirror's dummy build ignores `is_prefilling`"),
+                  "builder: `num_prefills` 1, the buffer kept). The mirror's dummy build ignores `is_prefilling`."),
     "replay assertion": ("v1/worker/gpu_model_runner.py: GPUModelRunner.execute_model",
                          "needs a built runner; neither release asserts (the profiles' `assert_full_past_prompt`)"),
     "update order": ("v1/worker/gpu_model_runner.py: GPUModelRunner._update_states",

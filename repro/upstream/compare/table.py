@@ -73,7 +73,8 @@ def markdown(docs: list[dict]) -> str:
         explained = sum(sum(r["explained"].values()) for r in d["rules"])
         lines.append(f"| {d['vllm']} | `{d['stack']}`{'' if d.get('claimed') == d['vllm'] else ' (negative control)'} "
                      f"| {d['seed']} | {calls} | {d['differences']} | {explained} | {d['unwritten_replays']} |")
-    lines += ["", "Per family and run:", ""]
+    lines += ["", "Per family and run (wall seconds on the machine that ran them, which other work shared; no test "
+              "asserts them):", ""]
     for d in docs:
         fam = ", ".join(f"{f} {v['calls']} calls ({v['seconds']} s)" for f, v in d["families"].items())
         lines.append(f"- vLLM {d['vllm']}, `{d['stack']}`: {fam}")
