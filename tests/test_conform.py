@@ -11,7 +11,8 @@ from repro.knobs.stacks import stack
 from repro.upstream import load as upstream
 from repro.upstream.compare import builder as builder_family
 from repro.upstream.compare.explain import EXPLAINED, ONLY_IN
-from repro.upstream.compare.run import CLAIMS, Budget, conform
+from repro.upstream.compare.inputs import draw, sequences_st
+from repro.upstream.compare.run import CLAIMS, Budget, builder_pairs, conform
 
 MISSING = upstream.why_not()
 pytestmark = [pytest.mark.conformance, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
@@ -62,8 +63,8 @@ def test_the_builders_old_staging_limit_is_a_difference(up, cache, monkeypatch):
     """Sized as the runner sized it before (max(max_num_seqs, largest size) rows, and that many rows
     times 1+K tokens), the mirror stages spec batches vLLM does not: the builder family says so."""
     monkeypatch.setattr(builder_family, "staging_rows", lambda seqs, sizes, k: max(seqs, max(sizes, default=1)))
-    res = conform(up, stack(claiming(up)), Budget(cases=1, sequences=6), seed=0, cache=cache)
-    r = next(r for r in res.results if r.rule == "gdn builder")
+    seqs = {(2, None): draw(sequences_st(2, None, data_parallel=True), 30, 0)}
+    (r,), _ = builder_family.run(up, builder_pairs(seqs, cache), stack(claiming(up)).rules)
     assert r.unexplained and r.first.field.startswith(("buffer", "staged")), r.first.line()
 
 
