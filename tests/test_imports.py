@@ -79,6 +79,7 @@ LAYERS = (
     ("repro.knobs.options", "repro.knobs.modes"),  # the rule settings and graph modes, plain data
     ("repro.graphs", "repro.model", "repro.control"),
     ("repro.knobs", "repro.env"),
+    ("repro.upstream",),  # the one seam that imports vLLM (only when a conformance run loads it)
     ("repro.islands",),
     ("repro.capture",),
     ("repro.check",),
@@ -86,6 +87,7 @@ LAYERS = (
     ("repro.job",),
     ("repro.comm",),
     ("repro.search",),
+    ("repro.upstream.compare",),  # the conformance run: the suite's strategies through both
     ("repro.report",),
     ("repro.bench",),
     ("repro.commands",),  # each command's config and function: composes the library, never imported by it
