@@ -1,6 +1,6 @@
 """vLLM's V1 scheduler driven by a suite `Sequence`: the `StepBatch`es that vLLM's own `Scheduler`
 (`vllm/v1/core/sched/scheduler.py`) and the V1 runner's bookkeeping (`rows.Rows`) make of its
-requests, the same type the mirror's scheduler yields (`repro.scheduler.scheduler.schedule`).
+requests, the same type the mirror's scheduler yields (`repro.scheduler.steps.schedule`).
 
 A tick at a time, as `EngineCore.step` (`vllm/v1/engine/core.py`) runs it:
 
