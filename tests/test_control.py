@@ -7,14 +7,16 @@ import torch
 
 from repro.control.batch import StepBatch
 from repro.control.builder import Common, GDNMetadataBuilder, common_for, draft_counts, split_non_spec
-from repro.control.dispatch import (DEFAULT_SIZES, BatchDescriptor, Dispatcher, capture_sizes, default_capture_sizes,
-                                    uniform_decode)
+from repro.control.dispatch import (DEFAULT_SIZES, BatchDescriptor, Dispatcher, capture_sizes, configured_sizes,
+                                    default_capture_sizes, uniform_decode)
 from repro.control.input_batch import InputBatch
 from repro.knobs.modes import MODES, Runtime, mode_name, parse_mode
 from repro.errors import BadInput
 from repro.knobs.options import ControlRules, FirstChunk, UniformDecode
+from repro.knobs.stacks import stack
 
 K = 2  # draft tokens a decode carries: a uniform decode query is 1+K = 3 tokens
+ROWS = 4 * (1 + K)  # `decode_cudagraph_max_bs` of 4 sequences and capture sizes up to 12 (`staging_rows`)
 
 
 # ---- the uniform-decode decision (GPUModelRunner._is_uniform_decode) ----------------------------
@@ -79,6 +81,25 @@ def test_the_default_list_rounded_for_drafts_covers_every_step_when_the_budget_a
     assert capture_sizes(default_capture_sizes(8, 48, K), full, K) == (3, 6, 9, 12, 18, 24, 33, 42, 48)
 
 
+def test_vllm_0_26_adds_no_uniform_decode_sizes_to_the_default_list():
+    """0.26.0's `_set_cudagraph_sizes` has the token grid and the budget alone: 3, 6 and 12 (1, 2 and 4
+    decodes at K = 2) are 0.33.0's (`ControlRules.decode_capture_sizes`, False in the vllm-0.26 profile)."""
+    assert default_capture_sizes(8, 16, K, decode_sizes=False) == (1, 2, 4, 8, 16)
+    assert default_capture_sizes(5, 64, 0, decode_sizes=False) == (1, 2, 4, 8)  # 0.33.0 adds 5 (max_num_seqs)
+    assert default_capture_sizes(5, 64, 0) == (1, 2, 4, 5, 8)
+    assert not stack("vllm-0.26").rules.decode_capture_sizes and stack("vllm-0.33-mrv1").rules.decode_capture_sizes
+
+
+def test_configured_sizes_above_the_step_budget_are_dropped_as_vllm_drops_them():
+    """`_set_cudagraph_sizes` keeps a configured size only when a step can hold it (<= the budget):
+    a 10-token step under [1, 2, 64] with a 16-token budget runs eagerly, it is not padded to 64."""
+    assert configured_sizes((64, 1, 2, 2), 8, 16, 0) == (1, 2)
+    assert configured_sizes(None, 8, 16, 0) == default_capture_sizes(8, 16, 0)
+    d = Dispatcher(parse_mode("piecewise"), configured_sizes((1, 2, 64), 8, 16, 0), 0, max_num_seqs=8)
+    assert d.dispatch(10, False) == (Runtime.NONE, BatchDescriptor(10))
+    assert Dispatcher(parse_mode("full"), configured_sizes((64,), 8, 16, K), K, 8).keys == {}  # nothing to capture
+
+
 def test_a_uniform_full_key_exists_for_n_times_1_plus_k_tokens():
     d = Dispatcher(parse_mode("full_and_piecewise"), (1, 2, 4, 8, 16), K, max_num_seqs=8)
     for n in (1, 2, 3):
@@ -137,6 +158,21 @@ def test_a_new_request_takes_the_lowest_hole_and_commit_copies_only_the_first_ro
     assert ib.committed[:3, 0].tolist() == [5, 2, 3]  # rows reach the device only when committed
 
 
+def test_update_removes_first_then_adds_new_requests_before_resumed_ones():
+    """`GPUModelRunner._update_states` removes every unscheduled request, and a resumed one still in
+    the batch, before it adds any; it adds `scheduled_new_reqs` first, then the resumed requests, each
+    taking the lowest hole (`InputBatch.add_request`)."""
+    ib = InputBatch(4, 1, 0)
+    ib.update([(1, [1]), (2, [2]), (3, [3])])
+    ib.update([(3, [3])])  # 1 and 2 leave; condense moves 3 to row 0
+    ib.update([(3, [3]), (1, [4]), (5, [5])])  # 1 resumed, 5 new: 5 takes the lowest hole first
+    assert ib.row_of == {3: 0, 5: 1, 1: 2}
+    ib = InputBatch(4, 1, 0)
+    ib.update([(1, [1])])
+    ib.update([(1, [2]), (6, [6])])  # 1 rescheduled with another block leaves before 6 is added
+    assert ib.row_of == {6: 0, 1: 1}
+
+
 # ---- the GDN metadata builder (GDNAttentionMetadataBuilder) ----------------------------------------
 def _common(q, computed, prompts, drafts, accepted, blocks, tokens=None):
     q = np.asarray(q, dtype=np.int32)
@@ -150,8 +186,14 @@ def test_draft_counts_mark_prefill_chunks_minus_one_and_zero_draft_decodes_zero(
     assert draft_counts([3, 3, 1, 1], [2, 0, 0, 0], [5, 0, 7, 0], [2, 4, 3, 1]).tolist() == [2, -1, 0, -1]
 
 
+def test_vllm_0_26_leaves_a_zero_draft_decode_a_non_spec_row():
+    """0.26.0's `_prepare_inputs` has no zero-draft lines: a one-token row past its prompt stays -1."""
+    old = ControlRules(zero_draft_spec_row=False)
+    assert draft_counts([3, 3, 1, 1], [2, 0, 0, 0], [5, 0, 7, 0], [2, 4, 3, 1], old).tolist() == [2, -1, -1, -1]
+
+
 def test_the_builder_leaves_its_buffers_untouched_for_a_batch_with_a_prefill():
-    b = GDNMetadataBuilder(K, 4, "cpu", full_graphs=True, pad=0)
+    b = GDNMetadataBuilder(K, ROWS, "cpu", full_graphs=True, pad=0)
     b.build(_common([3, 3], [5, 6], [2, 2], [2, 2], [1, 3], [[1, 2, 3], [4, 5, 6]]))  # staged: all spec
     staged = (b.spec_state_indices.clone(), b.spec_query_start_loc.clone(), b.num_accepted_tokens.clone())
     meta = b.build(_common([3, 3], [5, 0], [2, 3], [2, -1], [2, 1], [[7, 8, 9], [10, 11, 12]]))
@@ -161,7 +203,7 @@ def test_the_builder_leaves_its_buffers_untouched_for_a_batch_with_a_prefill():
 
 
 def test_staging_pads_indices_with_the_null_block_start_locations_with_the_last_and_accepted_with_one():
-    b = GDNMetadataBuilder(K, 4, "cpu", full_graphs=True, pad=0)
+    b = GDNMetadataBuilder(K, ROWS, "cpu", full_graphs=True, pad=0)
     b.spec_state_indices.fill_(9)
     meta = b.build(_common([3, 0, 0], [5, 0, 0], [2, 0, 0], [2, -1, -1], [2, 1, 1], [[1, 2, 3], [0] * 3, [0] * 3], 9))
     assert meta.spec_state_indices.tolist() == [[1, 2, 3], [0, 0, 0], [0, 0, 0]]
@@ -170,14 +212,14 @@ def test_staging_pads_indices_with_the_null_block_start_locations_with_the_last_
 
 
 def test_a_builder_without_full_graphs_never_stages():
-    b = GDNMetadataBuilder(K, 4, "cpu", full_graphs=False, pad=0)
+    b = GDNMetadataBuilder(K, ROWS, "cpu", full_graphs=False, pad=0)
     meta = b.build(_common([3], [5], [2], [2], [2], [[1, 2, 3]]))
     assert meta.spec_state_indices.data_ptr() != b.spec_state_indices.data_ptr()
     assert b.spec_state_indices.abs().sum() == 0
 
 
 def test_the_capture_build_makes_every_row_a_spec_row_that_kept_all_its_tokens():
-    b = GDNMetadataBuilder(K, 4, "cpu", full_graphs=True, pad=0)
+    b = GDNMetadataBuilder(K, ROWS, "cpu", full_graphs=True, pad=0)
     meta = b.build_for_capture(_common([3, 3], [0, 0], [9, 9], [-1, -1], [1, 1], [[0] * 3, [0] * 3]))
     assert meta.num_spec_decodes == 2 and meta.num_prefills == 0
     assert meta.num_accepted_tokens.tolist() == [3, 3] and meta.spec_state_indices.abs().sum() == 0
@@ -192,7 +234,7 @@ def test_a_one_token_first_chunk_is_a_prefill_and_a_resumed_one_token_chunk_a_de
 
 
 def test_beside_spec_rows_a_one_token_non_spec_row_goes_to_the_prefill_kernel():
-    b = GDNMetadataBuilder(K, 4, "cpu", full_graphs=True, pad=0)
+    b = GDNMetadataBuilder(K, ROWS, "cpu", full_graphs=True, pad=0)
     meta = b.build(_common([3, 1], [5, 0], [2, 1], [2, -1], [3, 1], [[1, 2, 3], [4, 5, 6]]))
     assert (meta.num_spec_decodes, meta.num_decodes, meta.num_prefills) == (1, 0, 1)
     assert meta.spec_token_indx.tolist() == [0, 1, 2] and meta.non_spec_token_indx.tolist() == [3]

@@ -10,6 +10,7 @@ import pytest
 
 from repro.control import dispatch
 from repro.control.builder import draft_counts
+from repro.knobs.options import ControlRules
 from repro.knobs.modes import parse_mode
 from repro.report import SCRIPT
 from repro.report.standalone.generate import TEMPLATE
@@ -40,7 +41,8 @@ def test_the_templates_capture_sizes_and_draft_counts_are_the_suites():
         q, d = rng.integers(1, 5, n).tolist(), rng.integers(0, 4, n).tolist()
         c, p = rng.integers(0, 6, n).tolist(), rng.integers(1, 6, n).tolist()
         st = {"query_lens": q, "draft_lens": d, "num_computed": c, "prompt_lens": p}
-        assert t.draft_counts(st) == draft_counts(q, d, c, p).tolist(), st
+        for zero in (True, False):  # `control.zero_draft_spec_row`: vLLM 0.33.0's form and 0.26.0's
+            assert t.draft_counts(st, zero) == draft_counts(q, d, c, p, ControlRules(zero_draft_spec_row=zero)).tolist(), st
 
 
 @pytest.mark.parametrize("mode, mixed_runtime", [("full_and_piecewise", "piecewise"), ("full_decode_only", None)])

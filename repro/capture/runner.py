@@ -30,8 +30,8 @@ import numpy as np
 import torch
 
 from ..control.batch import StepBatch, StepInputs
-from ..control.builder import Common, GDNMetadataBuilder, common_for
-from ..control.dispatch import (DEFAULT_SIZES, BatchDescriptor, Dispatcher, default_capture_sizes, prefilling,
+from ..control.builder import Common, GDNMetadataBuilder, common_for, staging_rows
+from ..control.dispatch import (DEFAULT_SIZES, BatchDescriptor, Dispatcher, configured_sizes, prefilling,
                                 uniform_decode)
 from ..control.input_batch import InputBatch
 from ..knobs.modes import GraphMode, Runtime, parse_mode
@@ -80,7 +80,7 @@ class EagerRunner:
 
     def meta(self, batch: StepBatch, accepted: list[int] | None = None):
         return self.builder.build(common_for(batch, block_rows(batch, 1 + self.k, self.copy.cache.sentinel),
-                                             accepted=accepted))
+                                             accepted=accepted, rules=self.builder.rules))
 
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
         if batch.dummy:  # no metadata: the GDN layer treats the call as a warm-up, no state changes
@@ -103,8 +103,9 @@ class GraphRunner:
     replays and reads back, `rules` how its control path decides; nothing here reads a hazard's
     name. Its parts: the persistent batch (`InputBatch`), the dispatcher, the metadata builder, the
     persistent inputs (`StaticInputs`), the capture of each key (`ChainCapture`) and the replay and
-    host read (`Replayer`). `sizes`: the capture list asked for; None: vLLM's default list for
-    `max_num_seqs` requests and a step budget of `max_tokens` (`default_capture_sizes`)."""
+    host read (`Replayer`). `sizes`: the capture list asked for (sizes above the step budget
+    `max_tokens` dropped, as vLLM drops them); None: vLLM's default list for `max_num_seqs` requests
+    and that budget (`configured_sizes`)."""
 
     def __init__(self, copy: LayerCopy, provider, mode: str | GraphMode = "piecewise", sizes=None,
                  opts: RunnerOptions = RunnerOptions(), max_tokens: int = 64, stream=None,
@@ -112,16 +113,16 @@ class GraphRunner:
         self.copy, self.provider, self.opts, self.rules = copy, provider, opts, rules
         self.mode = mode if isinstance(mode, GraphMode) else parse_mode(mode)
         self.k, self.sentinel = copy.spec_tokens, copy.cache.sentinel
-        if sizes is None:  # none configured: vLLM's default list for this runner
-            sizes = default_capture_sizes(max_num_seqs, max_tokens, self.k)
+        sizes = configured_sizes(sizes, max_num_seqs, max_tokens, self.k, rules.decode_capture_sizes)
         self.dispatcher = Dispatcher(self.mode, sizes, self.k, max_num_seqs)
         self.sizes = self.dispatcher.sizes
         top = max(self.sizes, default=1)
         rows = max(max_num_seqs, top)
         self.input_batch = InputBatch(rows, 1 + self.k, self.sentinel, rules)
         self.inputs = StaticInputs(max(max_tokens, top), copy.device, self.sentinel)
-        self.builder = GDNMetadataBuilder(self.k, rows, copy.device, full_graphs=self.mode.has(Runtime.FULL),
-                                          pad=self.inputs.pad_value(opts.pad), rules=rules)
+        self.builder = GDNMetadataBuilder(self.k, staging_rows(max_num_seqs, self.sizes, self.k), copy.device,
+                                          full_graphs=self.mode.has(Runtime.FULL), pad=self.inputs.pad_value(opts.pad),
+                                          rules=rules)
         self.pool = provider.new_pool("shared")
         self.captured: dict[BatchDescriptor, Captured] = {}
         self.notes = Notes()
@@ -177,7 +178,7 @@ class GraphRunner:
         pad_rows = desc.num_reqs - batch.num_reqs if runtime is Runtime.FULL else 0
         blocks = np.concatenate((rows, np.full((pad_rows, rows.shape[1]), self.sentinel, dtype=np.int32)))
         size = desc.num_tokens if runtime is Runtime.FULL else batch.num_tokens
-        return self.builder.build(common_for(batch, blocks, pad_rows, size, accepted))
+        return self.builder.build(common_for(batch, blocks, pad_rows, size, accepted, self.rules))
 
     def _capture_meta(self, desc: BatchDescriptor):
         """`build_for_cudagraph_capture` over all-zero (null) block-table rows, as at capture."""

@@ -65,7 +65,7 @@ class ChainProbe:
                 pad_rows = desc.num_reqs - batch.num_reqs
                 live = block_rows(batch, 1 + r.k, c.cache.sentinel)
                 blocks = np.concatenate((live, np.full((pad_rows, live.shape[1]), c.cache.sentinel, dtype=np.int32)))
-                meta = self.eager.builder.build(common_for(batch, blocks, pad_rows, size, accepted))
+                meta = self.eager.builder.build(common_for(batch, blocks, pad_rows, size, accepted, r.rules))
                 o0, core, o1 = c.chain(ids, meta)
             else:  # submod0 padded, the splitting op on live rows, submod1 padded unless it runs eagerly
                 o0 = c.submod0(input_ids=ids)

@@ -17,7 +17,7 @@ from .parser import parser
 # command -> (module of this package, function): imported only when the command runs
 COMMANDS = {"env": ("env", "env"), "make-tiny": ("model", "make_tiny"), "inspect": ("model", "inspect"),
             "run": ("run", "run"), "hunt": ("run", "hunt"), "report": ("report", "report"),
-            "bench": ("bench", "bench")}
+            "bench": ("bench", "bench"), "conform": ("conform", "conform")}
 
 
 def _kernels(plugins) -> None:

@@ -254,6 +254,22 @@ def _bench(sub) -> None:
                         "is read off one run (default: the device's, 1 on the CPU and 16 on a GPU)")
 
 
+def _conform(sub) -> None:
+    from ..knobs.stacks import STACKS
+    s = sub.add_parser("conform", help="the mirror's control rules against the installed vLLM's own code (needs "
+                                       "vLLM: tox -e vllm033 or vllm026)")
+    s.add_argument("--stack", default=None, choices=list(STACKS),
+                   help="the stack profile whose rules the mirror runs (default: the one that claims the installed "
+                        "release; another one is a negative control)")
+    s.add_argument("--cases", type=count(1), default=300, help="runner configurations of the dispatch family (300)")
+    s.add_argument("--sequences", type=count(1), default=70,
+                   help="request sequences for each K (0..3) and block size of the step families, three times as "
+                        "many for the input batch (70)")
+    s.add_argument("--seed", type=count(0), default=0, help="the inputs' seed (the same seed draws the same inputs)")
+    s.add_argument("--json", help="write the result here")
+    s.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
 def parser(description: str | None = None) -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     p = Parser(prog="repro", description=description, formatter_class=raw)
@@ -265,4 +281,5 @@ def parser(description: str | None = None) -> argparse.ArgumentParser:
     _hunt(sub, raw)
     _report(sub)
     _bench(sub)
+    _conform(sub)
     return p

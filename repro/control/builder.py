@@ -11,11 +11,13 @@
   with a block size (prefix caching, mode "align") the 1+k columns from each row's running column
   `(seq_len - 1) // block_size` instead (`control.prefix.state_block_columns`).
 
-For FULL graphs (`full_graphs`: the mode has FULL graphs) the builder keeps persistent buffers, each
-sized for the largest decode graph, and refreshes them ONLY in its two decode staging branches
-(`_stage_spec_decode`: no prefills and no non-spec decodes; `_stage_decode`: no prefills and no spec
-rows). A batch with a prefill leaves them as the last staged batch (or the capture) left them, which
-is what a FULL graph replayed for it would read. Padding is 0.33.0's: indices with the null block
+For FULL graphs (`full_graphs`: the mode has FULL graphs) the builder keeps persistent buffers of
+`decode_cudagraph_max_bs` rows (`staging_rows`: min(max_num_seqs * (1+k), the largest capture size
+after rounding)), and refreshes them ONLY in its two decode staging branches (`_stage_spec_decode`: no
+prefills, no non-spec decodes, and at most that many spec rows AND spec tokens; `_stage_decode`: no
+prefills, no spec rows, at most that many decodes). A batch with a prefill, or more spec rows or
+tokens than that, leaves them as the last staged batch (or the capture) left them, which is what a
+FULL graph replayed for it would read. Padding is 0.33.0's: indices with the null block
 (the kernels' pad sentinel), masks False, query start locations repeating their last value,
 accepted counts 1. `build_for_capture` makes every row a spec row with 1+k accepted tokens, over
 the block-table rows it is given (all zero at capture).
@@ -53,30 +55,41 @@ class Common:
         return state_block_columns(self.blocks, self.num_computed + self.query_lens, 1 + k, self.block_size)
 
 
-def draft_counts(query_lens, drafts, computed, prompts) -> np.ndarray:
+def draft_counts(query_lens, drafts, computed, prompts, rules: ControlRules = ControlRules()) -> np.ndarray:
     """`num_decode_draft_tokens` (`GPUModelRunner._prepare_inputs`): a row's draft count where its
     query is exactly its drafts plus one token, else -1 (a prefill chunk); a one-token row past its
-    prompt is a spec row with 0 drafts."""
+    prompt is a spec row with 0 drafts (`ControlRules.zero_draft_spec_row`; vLLM 0.26.0: -1)."""
     q, d = np.asarray(query_lens), np.asarray(drafts)
     out = np.where((d > 0) & (q == d + 1), d, -1)
+    if not rules.zero_draft_spec_row:
+        return out.astype(np.int32)
     zero_draft = (np.asarray(computed) >= np.asarray(prompts)) & (q == 1)
     return np.where((out < 0) & zero_draft, 0, out).astype(np.int32)
 
 
 def common_for(batch, blocks: np.ndarray, pad_rows: int = 0, num_actual_tokens: int | None = None,
-               accepted: list[int] | None = None) -> Common:
+               accepted: list[int] | None = None, rules: ControlRules = ControlRules()) -> Common:
     """The builder's view of one `StepBatch`, with `pad_rows` zero-length rows after its requests
     (a FULL graph's padded rows); `blocks`: the block-table rows of every row, padding included;
     `accepted`: the requests' accepted counts after the forward copies (`prefix.forward_copies`;
-    None: the batch's own)."""
+    None: the batch's own); `rules`: the draft bookkeeping's form."""
     pad = [0] * pad_rows
     q = np.asarray(batch.query_lens + pad, dtype=np.int32)
     computed = np.asarray(batch.computed() + pad, dtype=np.int32)
-    drafts = draft_counts(batch.query_lens, batch.drafts(), batch.computed(), batch.prompts())
+    drafts = draft_counts(batch.query_lens, batch.drafts(), batch.computed(), batch.prompts(), rules)
     return Common(q, computed, np.asarray(batch.is_prefilling() + [False] * pad_rows, dtype=bool),
                   np.concatenate((drafts, np.full(pad_rows, -1, dtype=np.int32))),
                   np.asarray((batch.accepted() if accepted is None else accepted) + [1] * pad_rows, dtype=np.int32),
                   blocks, batch.num_tokens if num_actual_tokens is None else num_actual_tokens, batch.block_size)
+
+
+def staging_rows(max_num_seqs: int, sizes, spec_tokens: int) -> int:
+    """`GDNAttentionMetadataBuilder.decode_cudagraph_max_bs` (`gdn_attn.py: __init__`): the rows of the
+    persistent buffers and the limit of both staging branches, on rows and on spec tokens alike:
+    `max_num_seqs * (1+k)`, capped by the largest capture size after the spec rounding (`sizes`: the
+    runner's, `Dispatcher.sizes`; none: nothing caps it)."""
+    rows = max_num_seqs * (1 + spec_tokens)
+    return min(rows, max(sizes)) if len(sizes) else rows
 
 
 def _qsl(lens) -> np.ndarray:
@@ -97,9 +110,9 @@ def split_non_spec(common: Common, rule: FirstChunk) -> int:
 
 
 class GDNMetadataBuilder:
-    """Builds each step's `GDNMeta` on `device` (module docstring). `spec_tokens`: k; `max_rows`: the
-    largest decode graph's rows; `pad`: what staging writes past the live rows (None: nothing, the
-    rows keep what the last staging left)."""
+    """Builds each step's `GDNMeta` on `device` (module docstring). `spec_tokens`: k; `max_rows`:
+    `decode_cudagraph_max_bs` (`staging_rows`); `pad`: what staging writes past the live rows (None:
+    nothing, the rows keep what the last staging left)."""
 
     def __init__(self, spec_tokens: int, max_rows: int, device, full_graphs: bool, pad: int | None,
                  rules: ControlRules = ControlRules()):
@@ -170,7 +183,7 @@ class GDNMetadataBuilder:
         spec_idx, accepted = state[spec], c.accepted[spec]
         spec_qsl = _qsl(q[spec])
         if np_ == 0 and nd == 0:
-            if self.full_graphs and ns <= self.max_rows and spec_tokens <= self.max_rows * (1 + self.k):
+            if self.full_graphs and ns <= self.max_rows and spec_tokens <= self.max_rows:  # `_stage_spec_decode`
                 self._stage(self.spec_state_indices, spec_idx, rows, self.pad)
                 self._stage_qsl(self.spec_query_start_loc, spec_qsl, rows)
                 self._stage(self.num_accepted_tokens, accepted, rows, 1)

@@ -7,6 +7,8 @@
   recompute included (vLLM PR #51865, the V2 runner's form: the fixed stack's).
 - `default_capture_sizes`: `vllm/config/vllm.py: VllmConfig._set_cudagraph_sizes`, the list a runner
   captures when none is configured (default performance mode, a platform ceiling of 512 tokens).
+- `configured_sizes`: the same function's list when sizes are given: deduplicated, and without the
+  sizes above the step budget (a step never holds more tokens, and vLLM drops them);
 - `capture_sizes`: `CompilationConfig.adjust_cudagraph_sizes_for_spec_decode`: with a FULL decode
   mode and 1+k > 1, every size is rounded up to a multiple of 1+k, and sizes above the largest
   one asked for are dropped (the V1 runner only).
@@ -34,12 +36,14 @@ def _grid(top: int) -> set[int]:
     return {n for n in (1, 2, 4) if n <= top} | set(range(8, min(top + 1, 256), 8)) | set(range(256, top + 1, 16))
 
 
-def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int) -> tuple[int, ...]:
+def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int,
+                          decode_sizes: bool = True) -> tuple[int, ...]:
     """`_set_cudagraph_sizes` with no sizes configured: the token grid up to
     min(max_num_seqs * (1+k) * 2, 512, the step budget), the step budget itself where it fits, and
-    the uniform-decode sizes n * (1+k) for request counts n on the same grid up to max_num_seqs
-    (with k = 0: max_num_seqs alone), each within both ceilings. A FULL decode mode with k > 0
-    then rounds these (`capture_sizes`)."""
+    (`decode_sizes`, `ControlRules.decode_capture_sizes`: 0.33.0, not 0.26.0) the uniform-decode
+    sizes n * (1+k) for request counts n on the same grid up to max_num_seqs (with k = 0:
+    max_num_seqs alone), each within both ceilings. A FULL decode mode with k > 0 then rounds these
+    (`capture_sizes`)."""
     q = 1 + spec_tokens
     ceiling = min(max_num_seqs * q * 2, PLATFORM_CEILING)
     if q > 1:
@@ -47,9 +51,20 @@ def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, spec_t
         decode = {n * q for n in _grid(reqs) | {reqs} if n * q <= ceiling}
     else:
         decode = {max_num_seqs} if max_num_seqs <= ceiling else set()
+    if not decode_sizes:
+        decode = set()
     ceiling = min(max_num_batched_tokens, ceiling)
     sizes = _grid(ceiling) | ({max_num_batched_tokens} if max_num_batched_tokens <= ceiling else set())
     return tuple(sorted(sizes | {s for s in decode if s <= max_num_batched_tokens}))
+
+
+def configured_sizes(sizes, max_num_seqs: int, max_num_batched_tokens: int, spec_tokens: int,
+                     decode_sizes: bool = True) -> tuple[int, ...]:
+    """The capture list a runner starts from (`_set_cudagraph_sizes`): the sizes given, each at most
+    the step budget, or with none given `default_capture_sizes` (`decode_sizes`: its rule's form)."""
+    if sizes is None:
+        return default_capture_sizes(max_num_seqs, max_num_batched_tokens, spec_tokens, decode_sizes)
+    return tuple(sorted({s for s in sizes if s <= max_num_batched_tokens}))
 
 
 def pad_size(n: int, sizes) -> int | None:
@@ -100,7 +115,7 @@ def capture_sizes(sizes, mode: GraphMode, spec_tokens: int) -> tuple[int, ...]:
     """The capture sizes the runner uses (`adjust_cudagraph_sizes_for_spec_decode`, module docstring)."""
     sizes = tuple(sorted(set(sizes)))
     q = 1 + spec_tokens
-    if mode.decode is not Runtime.FULL or q == 1:
+    if mode.decode is not Runtime.FULL or q == 1 or not sizes:
         return sizes
     top = max(sizes)
     rounded = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= top})

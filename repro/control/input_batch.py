@@ -31,6 +31,7 @@ class InputBatch:
         self.committed = self.table.copy()  # what the device reads
         self.row_of: dict[int, int] = {}
         self.num_rows = 0  # rows in use, holes included
+        self.seen: set[int] = set()  # requests `update` has scheduled before (the others are new)
 
     def remove(self, rid: int) -> None:
         """`InputBatch.remove_request`: the row becomes a hole (cleared when the rule says so)."""
@@ -75,12 +76,15 @@ class InputBatch:
         self.num_rows = len(self.row_of)
 
     def update(self, scheduled, grown: bool = False, finished=()) -> None:
-        """One step's `_update_states` (`scheduled`: (rid, blocks) of the step's requests): every
-        request not scheduled in this step leaves the batch (finished, preempted or waiting: vLLM
-        removes unscheduled requests and adds them back when they are scheduled again), a request
-        whose blocks changed (resumed after preemption) is added anew, new ones take rows, then
-        `condense`. `grown` (a block size): a request's row grows as it runs, so one that stays has
-        its row rewritten in place, and only one in `finished` (preempted since) is added anew."""
+        """One step's `_update_states` (`scheduled`: (rid, blocks) of the step's requests), in its
+        order: every request not scheduled in this step leaves the batch (finished, preempted or
+        waiting: vLLM removes unscheduled requests and adds them back when they are scheduled
+        again), and so does one whose blocks changed (resumed after preemption: vLLM counts the
+        resumed ones among the unscheduled); then the requests new to the runner take rows, in the
+        step's order, then the others not in the batch (resumed: `reqs_to_add` holds
+        `scheduled_new_reqs` first); then `condense`. `grown` (a block size): a request's row grows as
+        it runs, so one that stays has its row rewritten in place, and only one in `finished`
+        (preempted since) is added anew."""
         now = dict(scheduled)
         for rid in [r for r in self.row_of if r not in now]:
             self.remove(rid)
@@ -94,8 +98,10 @@ class InputBatch:
                     self.table[row, :len(blocks)] = blocks
             elif row is not None and list(self.table[row, :len(blocks)]) != list(blocks):
                 self.remove(rid)
-            if rid not in self.row_of:
-                self.add(rid, blocks)
+        absent = [(rid, blocks) for rid, blocks in scheduled if rid not in self.row_of]
+        for rid, blocks in [x for x in absent if x[0] not in self.seen] + [x for x in absent if x[0] in self.seen]:
+            self.add(rid, blocks)
+        self.seen.update(now)
         self.condense()
 
     def commit(self, n: int) -> None:

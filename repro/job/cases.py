@@ -112,7 +112,7 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
             reference_every = hz.reference_cadence(case.hazards, case.stack)
         every = default_every(provider.device) if reference_every is None else reference_every
         spec, slots = getattr(seq, "spec_tokens", 0), seq.copy_slots()  # a block size's pool is larger
-        sizes = sizes or default_capture_sizes(seq.num_slots, seq.max_tokens, spec)
+        sizes = sizes or default_capture_sizes(seq.num_slots, seq.max_tokens, spec, opts.control.decode_capture_sizes)
         ref = ReferenceCopy(independent_copy(model, slots, copy_sentinel, spec), every) if every > 0 else None
         res = run_lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=copy_sentinel, spec_tokens=spec),
                            provider, batches, mode=case.mode, opts=opts, sizes=sizes, trace=trace, progress=progress,

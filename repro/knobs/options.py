@@ -126,6 +126,14 @@ class ControlRules:
     # `_dummy_run` builds a FULL dummy run's metadata as for capture, re-staging the builder's
     # persistent buffers (`for_cudagraph_capture=... or cudagraph_runtime_mode == FULL`; vLLM #49757)
     dummy_restages: bool = True
+    # `vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._prepare_inputs` counts a one-token row past
+    # its prompt with no drafts as a spec row with 0 drafts, so the GDN builder applies its accepted
+    # offset (0.33.0); vLLM 0.26.0 leaves it -1, a non-spec row
+    zero_draft_spec_row: bool = True
+    # `vllm/config/vllm.py: VllmConfig._set_cudagraph_sizes` adds the uniform-decode sizes to the default
+    # capture list (n*(1+K) for request counts n up to max_num_seqs; max_num_seqs itself at K = 0:
+    # 0.33.0); vLLM 0.26.0's default list is the token grid and the step budget alone
+    decode_capture_sizes: bool = True
 
 
 @dataclass(frozen=True)

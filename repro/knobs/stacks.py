@@ -39,6 +39,10 @@ _FIXES = {
     "dummy_commits_block_table": "vLLM #37728: `_dummy_run` commits the block table for its padded rows",
     "move_row_zeroes_source": "vLLM #49757: `BlockTable.move_row` zeroes the row it moved",
     "dummy_restages": "vLLM #49757: a FULL `_dummy_run` builds its metadata as for capture",
+    "zero_draft_spec_row": "`GPUModelRunner._prepare_inputs` counts a one-token row past its prompt with no drafts as "
+                           "a spec row (0 drafts), so the GDN builder applies its accepted offset (vLLM 0.33.0)",
+    "decode_capture_sizes": "`VllmConfig._set_cudagraph_sizes` adds the uniform-decode sizes n*(1+K) to the default "
+                            "capture list (vLLM 0.33.0)",
 }
 
 _V033 = "vllm 0.33.0: "
@@ -49,7 +53,8 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("vllm-0.33-mrv1", "vLLM 0.33.0, the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0), CUDA and XPU",
           ControlRules(uniform_decode=UniformDecode.SHAPE, assert_full_past_prompt=False,
                        first_chunk=FirstChunk.IS_PREFILLING, clear_finished_row=True, dummy_commits_block_table=True,
-                       move_row_zeroes_source=True, dummy_restages=True),
+                       move_row_zeroes_source=True, dummy_restages=True, zero_draft_spec_row=True,
+                       decode_capture_sizes=True),
           {"uniform_decode": _V033 + "v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode (3620): "
                              "shape only",
            "assert_full_past_prompt": _V033 + "v1/worker/gpu_model_runner.py: GPUModelRunner.execute_model (3906): "
@@ -60,12 +65,17 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
            "dummy_commits_block_table": _V033 + "v1/worker/gpu_model_runner.py: GPUModelRunner._dummy_run (5687)",
            "move_row_zeroes_source": _V033 + "v1/worker/block_table.py: BlockTable.move_row (137-146)",
            "dummy_restages": _V033 + "v1/worker/gpu_model_runner.py: GPUModelRunner._dummy_run (5699): "
-                             "for_cudagraph_capture when the mode is FULL"}),
+                             "for_cudagraph_capture when the mode is FULL",
+           "zero_draft_spec_row": _V033 + "v1/worker/gpu_model_runner.py: GPUModelRunner._prepare_inputs (2220): "
+                                  "zero_draft_decode_mask",
+           "decode_capture_sizes": _V033 + "config/vllm.py: VllmConfig._set_cudagraph_sizes (2541): "
+                                   "uniform_decode_sizes"}),
     Stack("vllm-0.26", "vLLM 0.26.0 (the XPU image's 0.26.1rc1 the B70 packet ran), the V1 model runner "
           "(the default for hybrid models there)",
           ControlRules(uniform_decode=UniformDecode.SHAPE, assert_full_past_prompt=False,
                        first_chunk=FirstChunk.QUERY_LEN, clear_finished_row=True, dummy_commits_block_table=True,
-                       move_row_zeroes_source=False, dummy_restages=False),
+                       move_row_zeroes_source=False, dummy_restages=False, zero_draft_spec_row=False,
+                       decode_capture_sizes=False),
           {"uniform_decode": _V026 + "v1/worker/gpu_model_runner.py: GPUModelRunner._is_uniform_decode (3857): "
                              "shape only",
            "assert_full_past_prompt": _V026 + "v1/worker/gpu_model_runner.py: GPUModelRunner.execute_model (4111): "
@@ -77,7 +87,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
            "move_row_zeroes_source": _V026 + "v1/worker/block_table.py: BlockTable.move_row (142-146): the vacated "
                                      "row is left as it was",
            "dummy_restages": _V026 + "v1/worker/gpu_model_runner.py: GPUModelRunner._dummy_run (6010): "
-                             "for_cudagraph_capture=is_graph_capturing only"}),
+                             "for_cudagraph_capture=is_graph_capturing only",
+           "zero_draft_spec_row": _V026 + "v1/worker/gpu_model_runner.py: GPUModelRunner._prepare_inputs (2226): "
+                                  "a row is a spec row only when its query is its drafts plus one",
+           "decode_capture_sizes": _V026 + "config/vllm.py: VllmConfig._set_cudagraph_sizes: the token grid "
+                                   "and the step budget alone"}),
 )}
 
 RULES = tuple(f.name for f in fields(ControlRules))

@@ -62,17 +62,21 @@ class Builder:
         """`decode_cudagraph_max_bs`: the rows (and tokens) the persistent buffers hold."""
         return self.builder.decode_cudagraph_max_bs
 
-    def common(self, c):
-        """vLLM's `CommonAttentionMetadata` for the mirror's `Common` `c` (module docstring)."""
+    def common(self, c, capture: bool = False):
+        """vLLM's `CommonAttentionMetadata` for the mirror's `Common` `c` (module docstring). At
+        capture (and a FULL dummy run) `_dummy_run` sets each row's sequence length to its query
+        length, and no row is in its prompt (the rows a capture reads hold no request): the
+        mirror's `build_for_capture` ignores `c.num_computed` and `c.prefilling` alike."""
         q = np.asarray(c.query_lens, dtype=np.int32)
         qsl = torch.from_numpy(np.concatenate(([0], np.cumsum(q))).astype(np.int32))
-        seq = torch.from_numpy((np.asarray(c.num_computed) + q).astype(np.int32))
+        computed = np.zeros_like(q) if capture else np.asarray(c.num_computed)
+        seq = torch.from_numpy((computed + q).astype(np.int32))
         fields = dict(query_start_loc=qsl, query_start_loc_cpu=qsl.clone(), seq_lens=seq, num_reqs=len(q),
                       num_actual_tokens=int(c.num_actual_tokens), max_query_len=int(q.max(initial=0)),
                       max_seq_len=int(seq.max().item()) if len(q) else 0,
                       block_table_tensor=torch.from_numpy(np.ascontiguousarray(c.blocks, dtype=np.int32)),
                       slot_mapping=torch.zeros(int(c.num_actual_tokens), dtype=torch.int64),
-                      is_prefilling=torch.from_numpy(np.asarray(c.prefilling, dtype=bool)),
+                      is_prefilling=torch.from_numpy(np.asarray(c.prefilling, dtype=bool) & (not capture)),
                       seq_lens_cpu_upper_bound=seq.clone())
         cls = self.up.backend.CommonAttentionMetadata
         names = {f.name for f in dataclasses.fields(cls)}
@@ -90,7 +94,7 @@ class Builder:
 
     def build_for_capture(self, c):
         """`build_for_cudagraph_capture(common)`."""
-        return self.builder.build_for_cudagraph_capture(self.common(c))
+        return self.builder.build_for_cudagraph_capture(self.common(c, capture=True))
 
     def buffers(self) -> dict[str, torch.Tensor]:
         """Every persistent buffer, by vLLM's name (views: clone to keep)."""

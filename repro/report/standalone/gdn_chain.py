@@ -84,7 +84,10 @@ OPTION_DEFAULTS = {"runner.pad": "sentinel", "runner.copy_inputs": False, "runne
                    "control.uniform_decode": "phase-aware", "control.assert_full_past_prompt": True,
                    "control.first_chunk": "is-prefilling",
                    "control.clear_finished_row": True, "control.move_row_zeroes_source": True,
-                   "control.dummy_commits_block_table": True, "control.dummy_restages": True}
+                   "control.dummy_commits_block_table": True, "control.dummy_restages": True,
+                   "control.zero_draft_spec_row": True,
+                   # read by `repro report`, which writes the default capture list the script runs (spec["sizes"])
+                   "control.decode_capture_sizes": True}
 
 
 class ReplayRefused(RuntimeError):
@@ -372,14 +375,15 @@ def drafts(st):
     return st.get("draft_lens") or [0] * len(st["query_lens"])
 
 
-def draft_counts(st):
+def draft_counts(st, zero_draft=True):
     """`num_decode_draft_tokens` (`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner._prepare_inputs`):
     a row's draft count where its query is exactly its drafts plus one token, else -1 (a prefill
-    chunk); a one-token row past its prompt is a spec row with 0 drafts."""
+    chunk); a one-token row past its prompt is a spec row with 0 drafts (`zero_draft`,
+    `control.zero_draft_spec_row`; vLLM 0.26.0 leaves it -1)."""
     out = []
     for q, d, c, p in zip(st["query_lens"], drafts(st), computed(st), prompts(st)):
         n = d if d > 0 and q == d + 1 else -1
-        out.append(0 if n < 0 and c >= p and q == 1 else n)
+        out.append(0 if zero_draft and n < 0 and c >= p and q == 1 else n)
     return out
 
 
@@ -503,6 +507,7 @@ class InputBatch:
         self.committed = [row[:] for row in self.table]
         self.row_of = {}
         self.num_rows = 0  # rows in use, holes included
+        self.seen = set()  # requests `update` has scheduled before (the others are new)
 
     def remove(self, rid):
         row = self.row_of.pop(rid, None)
@@ -541,10 +546,11 @@ class InputBatch:
         self.num_rows = len(self.row_of)
 
     def update(self, scheduled, grown=False, finished=()):
-        """`_update_states`: a request not scheduled this step leaves (finished, preempted or waiting:
-        vLLM removes it and adds it back when it is scheduled again), one whose blocks changed (resumed
-        after a preemption) is added anew, new ones take rows, then `condense()`. `grown` (a block
-        size): a row grows with its request, so one that stays is rewritten in place and only one in
+        """`_update_states`, in its order: a request not scheduled this step leaves (finished,
+        preempted or waiting: vLLM removes it and adds it back when it is scheduled again), and so
+        does one whose blocks changed (resumed after a preemption); then requests new to the runner
+        take rows, then the other absent ones (resumed); then `condense()`. `grown` (a block size): a
+        row grows with its request, so one that stays is rewritten in place and only one in
         `finished` (preempted since) is added anew."""
         now = dict(scheduled)
         for rid in [r for r in self.row_of if r not in now]:
@@ -559,8 +565,10 @@ class InputBatch:
                     self.table[row][:len(blocks)] = list(blocks)
             elif row is not None and self.table[row][:len(blocks)] != list(blocks):
                 self.remove(rid)
-            if rid not in self.row_of:
-                self.add(rid, blocks)
+        absent = [(rid, blocks) for rid, blocks in scheduled if rid not in self.row_of]
+        for rid, blocks in [x for x in absent if x[0] not in self.seen] + [x for x in absent if x[0] in self.seen]:
+            self.add(rid, blocks)
+        self.seen.update(now)
         self.condense()
 
     def commit(self, n):
@@ -582,17 +590,19 @@ class MetadataBuilder:
     """The GDN metadata builder (`vllm/v1/attention/backends/gdn_attn.py:
     GDNAttentionMetadataBuilder.build`). Spec rows are rows with a draft count >= 0 (k > 0 only);
     beside them one-token non-spec rows go to the prefill kernel. With FULL graphs (`full_graphs`)
-    it keeps persistent buffers, sized for the largest decode graph, and refreshes them ONLY for a
-    batch with no prefill (its two decode staging branches: spec rows alone, or non-spec decodes
-    alone), whatever graph the step then runs: a FULL graph is captured over those buffers and
-    reads, for every padded row, what the last such staging left there. Past the live rows staging
-    writes `pad` (vLLM 0.33.0: the null block, the kernel's sentinel; None: nothing, the rows keep
-    what an earlier staging or capture wrote), query start locations repeat their last value and
-    accepted counts are 1. Without FULL graphs (the eager copy) every step gets fresh tensors."""
+    it keeps persistent buffers of `rows` = `decode_cudagraph_max_bs` rows (min(max_num_seqs *
+    (1+k), the largest capture size after rounding)), and refreshes them ONLY for a batch with no
+    prefill (its two decode staging branches: spec rows alone, at most `rows` of them and `rows`
+    spec tokens; or non-spec decodes alone, at most `rows`), whatever graph the step then runs: a
+    FULL graph is captured over those buffers and reads, for every padded row, what the last such
+    staging left there. Past the live rows staging writes `pad` (vLLM 0.33.0: the null block, the
+    kernel's sentinel; None: nothing, the rows keep what an earlier staging or capture wrote), query
+    start locations repeat their last value and accepted counts are 1. Without FULL graphs (the
+    eager copy) every step gets fresh tensors."""
 
-    def __init__(self, k, rows, device, full_graphs, pad, first_chunk):
+    def __init__(self, k, rows, device, full_graphs, pad, first_chunk, zero_draft=True):
         self.k, self.rows, self.device = k, rows, device
-        self.full_graphs, self.pad, self.first_chunk = full_graphs, pad, first_chunk
+        self.full_graphs, self.pad, self.first_chunk, self.zero_draft = full_graphs, pad, first_chunk, zero_draft
         # `torch.empty` in vLLM; zeros here, so a run depends on its steps alone
         i32 = dict(dtype=torch.int32, device=device)
         self.state_indices = torch.zeros(rows, **i32)
@@ -613,7 +623,7 @@ class MetadataBuilder:
 
     def build(self, st, rows):
         """The core's metadata for step `st`, padded to `rows` rows (a FULL step's; else its own)."""
-        if self.k and any(d >= 0 for d in draft_counts(st)):
+        if self.k and any(d >= 0 for d in draft_counts(st, self.zero_draft)):
             return self._spec(st, rows)
         qsl = _qsl(st["query_lens"])
         nd, n = num_decodes(st, self.first_chunk), len(st["query_lens"])
@@ -628,7 +638,7 @@ class MetadataBuilder:
 
     def _spec(self, st, rows):
         q, k = st["query_lens"], self.k
-        spec = [d >= 0 for d in draft_counts(st)]
+        spec = [d >= 0 for d in draft_counts(st, self.zero_draft)]
         ns = sum(spec)
         nd = sum(1 for s, n in zip(spec, q) if not s and n == 1)
         np_ = sum(1 for s, n in zip(spec, q) if not s and n > 1)
@@ -640,7 +650,7 @@ class MetadataBuilder:
         meta = {"num_spec_decodes": ns, "num_decodes": nd, "num_tokens": len(st["token_ids"]),
                 "mixed": bool(nd or np_)}
         if not meta["mixed"]:
-            if self.full_graphs and ns <= self.rows:  # the spec decode staging branch
+            if self.full_graphs and ns <= self.rows and sum(q) <= self.rows:  # the spec decode staging branch
                 self._stage(self.spec_state_indices, spec_idx, rows, self.pad)
                 self._stage(self.spec_query_start_loc, spec_qsl, rows + 1, spec_qsl[-1])
                 self._stage(self.num_accepted, accepted, rows, 1)
@@ -693,7 +703,8 @@ class EagerRunner:
 
     def __init__(self, copy, opts, k):
         self.copy = copy
-        self.builder = MetadataBuilder(k, 1, copy.device, False, None, opts["control.first_chunk"])
+        self.builder = MetadataBuilder(k, 1, copy.device, False, None, opts["control.first_chunk"],
+                                       opts["control.zero_draft_spec_row"])
 
     def step(self, st):
         c = self.copy
@@ -831,8 +842,9 @@ class GraphRunner:
         self.input_ids = torch.zeros(n, dtype=torch.long, device=copy.device)
         rows = max(self.max_num_seqs, max(self.sizes))
         self.batch = InputBatch(rows, 1 + k, self.sentinel, opts)
-        self.builder = MetadataBuilder(k, rows, copy.device, self.decode == "full", self._pad_value(),
-                                       opts["control.first_chunk"])
+        staging = min(self.max_num_seqs * (1 + k), max(self.sizes))  # `decode_cudagraph_max_bs`
+        self.builder = MetadataBuilder(k, staging, copy.device, self.decode == "full", self._pad_value(),
+                                       opts["control.first_chunk"], opts["control.zero_draft_spec_row"])
         self.captured = {}
         self.notes = []
         self.last = None  # the last step's (runtime, size, rows)

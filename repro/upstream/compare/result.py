@@ -8,8 +8,14 @@ unexplained, which fails a conformance run.
 """
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from dataclasses import dataclass, field
+
+
+def show(v) -> str:
+    """A compared value as the table spells it: an enum by its name, anything else by its repr."""
+    return v.name if isinstance(v, enum.Enum) else repr(v)
 
 
 @dataclass(frozen=True)
@@ -20,10 +26,10 @@ class Difference:
     mirror: object
 
     def line(self) -> str:
-        return f"{self.call}: {self.field} is {self.vllm!r} in vLLM, {self.mirror!r} in the mirror"
+        return f"{self.call}: {self.field} is {show(self.vllm)} in vLLM, {show(self.mirror)} in the mirror"
 
     def to_json(self) -> dict:
-        return {"call": self.call, "field": self.field, "vllm": repr(self.vllm), "mirror": repr(self.mirror)}
+        return {"call": self.call, "field": self.field, "vllm": show(self.vllm), "mirror": show(self.mirror)}
 
 
 @dataclass

@@ -1,0 +1,3 @@
+"""The conformance run (`repro conform`): the mirror's rule families against vLLM's code on the same
+drawn inputs (`run.conform`), the differences it explains (`explain`), and its table and page
+(`table`)."""
