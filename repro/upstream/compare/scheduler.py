@@ -10,12 +10,18 @@ with a block size the boundary copies queued by the last step (as (request, colu
 column): block ids are each pool's own). A stream stops being compared at its first unexplained
 difference: every later step follows from it.
 
+With a block size the mirror's scheduler follows 0.33.0's `_mamba_block_aligned_split` and prefix
+caching (its last cacheable position, shared-prefix junctions, same-step hits), which 0.26.0 does
+otherwise, and it has no rule per release: against another release only streams without a block
+size are compared (`ALIGN_RELEASE`).
+
 Block ids themselves are not compared: vLLM's pool is shared with the attention layers' blocks and
 hands out the least recently freed, the mirror's holds state blocks only. Nor is the pool's size:
 vLLM runs with blocks enough that it never evicts a cached block or preempts for want of one
 (`schedule.ample_blocks`), and with a block size the mirror is compared with a pool as ample
 (`mirror_batches`); where the mirror's own pool (`num_slots` request slots of blocks) evicts a
-cached block and so misses a prefix hit, that is counted as the explained "pool size" difference.
+cached block and so misses a prefix hit, that is counted as the explained "pool size" difference
+(`explain.EXPLAINED`).
 """
 from __future__ import annotations
 
@@ -32,16 +38,8 @@ RULES = {
                   "repro/scheduler/scheduler.py: Scheduler.step"),
 }
 
-# Deliberate differences, each with why it cannot change a verdict (`docs/conformance.md` lists them).
-EXPLAINED = {
-    "pool size": (
-        "With a block size the mirror's pool holds `num_slots` request slots of state blocks (what a layer "
-        "copy's state cache holds) and hands out the least recently freed first, so it evicts a cached block "
-        "sooner than a deployment's pool and misses a prefix hit vLLM finds; with a pool as large as vLLM's it "
-        "schedules the same steps. A missed hit makes a request recompute a prefix it could have started from "
-        "a cached state: a schedule vLLM makes too under memory pressure, not one it cannot make."),
-}
 AMPLE = 4096  # state blocks enough that no stream of the conformance run evicts one
+ALIGN_RELEASE = "0.33.0"  # the release whose block-aligned scheduling the mirror's follows
 
 
 def results() -> dict[str, RuleResult]:
@@ -134,11 +132,11 @@ def _steps(r: RuleResult, seq, theirs, ours, explain_as=None) -> bool:
     return True
 
 
-def compare_sequence(up, seq, out: dict[str, RuleResult]) -> bool:
+def compare_sequence(up, seq, out: dict[str, RuleResult], cache=None) -> bool:
     """One stream through both (module docstring); True when nothing unexplained differs."""
     r = out["scheduler"]
     try:
-        theirs = VllmScheduler(up, seq, token, draft).batches()
+        theirs = VllmScheduler(up, seq, token, draft, cache=cache).batches()
     except Exception as e:  # a configuration vLLM refuses at start-up: no run of it to compare
         r.refuse(f"{describe(seq)}: {type(e).__name__}: {e}")
         return True
@@ -149,9 +147,11 @@ def compare_sequence(up, seq, out: dict[str, RuleResult]) -> bool:
     return _steps(r, seq, theirs, ample) and _steps(r, seq, ample, ours, "pool size")
 
 
-def run(up, seqs, rules=None) -> list[RuleResult]:
-    """Every stream of `seqs` (`rules`: the profile's control rules, which the scheduler does not read)."""
+def run(up, seqs, rules=None, cache=None) -> list[RuleResult]:
+    """Every stream of `seqs` (with a block size only against `ALIGN_RELEASE`); `rules`, the profile's
+    control rules, the scheduler does not read; `cache` holds the embedded checkpoint."""
     out = results()
     for seq in seqs:
-        compare_sequence(up, seq, out)
+        if seq.block_size is None or up.version == ALIGN_RELEASE:
+            compare_sequence(up, seq, out, cache)
     return list(out.values())
