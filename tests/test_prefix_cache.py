@@ -242,16 +242,19 @@ def test_a_hit_continues_from_the_state_its_prefix_computed(setup):
 
 
 def _resumed_state(model, seq):
-    """Eager over `seq` up to the step that ends request 0's recompute after its preemption: that
-    step, and the state its running block then holds (SSM, conv)."""
+    """Eager over `seq` up to the step that ends request 0's recompute after its preemption (a chunk of
+    one token left after a hit is padded to 1+K with placeholder drafts): that step, and the state
+    its running block then holds (SSM, conv)."""
     copy = model.copy(num_slots=seq.copy_slots(), spec_tokens=seq.spec_tokens)
     runner = EagerRunner(copy)
     preempted = False
     for b in seq.batches():
         runner.step(b)
         preempted |= 0 in b.finished
-        if preempted and b.request_ids == [0] and b.draft_lens == [0] and b.num_computed[0] + b.query_lens[0] > 5:
-            return b, (copy.cache.ssm[b.slots[0]].clone(), copy.cache.conv[b.slots[0]].clone())
+        if preempted and b.request_ids == [0]:
+            c, end = b.num_computed[0], b.num_computed[0] + b.query_lens[0] - b.draft_lens[0]
+            if c < b.prefills()[0] <= end:  # its recompute's last chunk
+                return b, (copy.cache.ssm[b.slots[0]].clone(), copy.cache.conv[b.slots[0]].clone())
     raise AssertionError("request 0 was not recomputed")
 
 

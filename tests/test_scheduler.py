@@ -10,7 +10,9 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from repro.errors import BadInput
-from repro.scheduler.scheduler import Scheduler, _draft, _token, block_pool, schedule
+from repro.scheduler.order import region
+from repro.scheduler.scheduler import Scheduler, _draft, _token
+from repro.scheduler.steps import block_pool, schedule
 from repro.scheduler.sequence import Request, Sequence, random_sequence
 from repro.search.strategies import sequences
 
@@ -50,41 +52,46 @@ def check_steps(steps, max_tokens, k, pool, seed=0, vocab=512, data_parallel=Fal
         assert b.live_slots == sorted(set(b.live_slots)) and set(b.live_slots) <= pool
         held = [x for row in b.blocks for x in row]
         assert len(held) == len(set(held)), "blocks unique among the step's requests"
-        spec = [d > 0 for d in b.draft_lens]
-        assert spec == sorted(spec, reverse=True), "spec decodes before every other row"
-        new = [c == 0 for c in b.num_computed]
-        assert new == sorted(new), "new requests after decodes and continuing chunks"
+        regions = [region(c, q, p, 1 + k) for c, q, p in zip(b.num_computed, b.query_lens, b.prompt_lens)]
+        assert regions == sorted(regions), "decodes, then chunks in the prompt, longer ones, then first chunks"
         taken, at = set(prev_live) - freed, 0
+        free = sorted(pool - taken)
+        firsts = [blocks for c, blocks in zip(b.num_computed, b.blocks) if c == 0]
+        assert sorted(x for row in firsts for x in row) == free[: len(firsts) * (1 + k)], "free blocks taken lowest first"
         for i, rid in enumerate(b.request_ids):
             c, p, q, d, a, blocks = (b.num_computed[i], b.prompt_lens[i], b.query_lens[i], b.draft_lens[i],
                                      b.num_accepted[i], b.blocks[i])
             toks, at = b.token_ids[at: at + q], at + q
             assert len(blocks) == 1 + k and b.slots[i] == blocks[0], "1+K blocks a request, its slot first"
             assert b.has_initial_state[i] == (c > 0)
-            assert d in (0, k) and 1 <= a <= 1 + k
+            assert 0 <= d <= k and 1 <= a <= 1 + k
             if c == 0:
                 assert rid not in live, "a request starts from scratch only when new or preempted"
-                if rid in ended_spec:  # preempted after a spec decode: its recompute covers the drafts it kept
-                    base = ended_spec.pop(rid)
-                    drafted[rid].update(range(base + 1, base + 1 + k))
-                assert blocks == sorted(pool - taken)[: 1 + k], "free blocks taken lowest first"
+                if rid in ended_spec:  # preempted after a spec decode: its recompute covers the drafts it kept,
+                    base = ended_spec.pop(rid)  # then the bonus token sampled after them
+                    drafted[rid].update(range(base + 1, b.prefills()[i] - 1))
                 taken |= set(blocks)
-                assert a == 1 and d == 0, "a first chunk is a prefill"
+                assert a == 1 and (d == 0 or (q == 1 + k and d == k)), "a first chunk is a prefill (or padded to 1+K)"
                 drafted.setdefault(rid, set())
             else:
                 last, was, base, q_last, d_last = live[rid]
                 assert blocks == was, "a request keeps its blocks while it lives"
-                if d_last:  # its last row was a spec decode: it kept a of its 1+K tokens
+                if d_last and last == n - 1:  # its last row, the step before, was a spec decode: it kept a of them
                     assert c == base + a, "num_computed advanced by the kept count, the rejected drafts rolled back"
                     assert kept is None or (last, rid) not in kept or kept[(last, rid)] == a
                     drafted[rid].update(range(base + 1, base + a))
+                elif d_last:  # back in the runner's batch after a step without it: accepted starts at 1 again
+                    assert a == 1 and 1 <= c - base <= 1 + d_last
+                    drafted[rid].update(range(base + 1, c))
                 else:
                     assert c == base + q_last and a == 1, "a chunk (or a K=0 decode) advances by its length"
-            if d:
+            if d and c >= p:
                 drafted[rid] -= set(range(c, c + 1 + k))  # not computed yet: what it kept past here is open again
-                assert q == 1 + k and c >= p, "a spec decode is past its prompt: its bonus token and K drafts"
+                assert q == 1 + d, "a spec decode past its prompt: its bonus token and its drafts (the budget's)"
                 assert toks[0] == _token(seed, rid, c, vocab), "the bonus token sits at position num_computed"
-                assert toks[1:] == [_draft(seed, rid, c + j, vocab) for j in range(1, k + 1)]
+                assert toks[1:] == [_draft(seed, rid, c + j, vocab) for j in range(1, d + 1)]
+            elif d:  # a first chunk of one token padded to 1+K: placeholder drafts, clamped to 0
+                assert toks == [_token(seed, rid, c, vocab)] + [0] * d
             else:
                 assert toks == [(_draft if x in drafted[rid] else _token)(seed, rid, x, vocab) for x in range(c, c + q)]
             live[rid] = (n, blocks, c, q, d)
@@ -128,19 +135,14 @@ def test_a_prompt_longer_than_the_budget_is_split_and_its_later_chunks_have_init
     assert [b.is_prefilling() for b in steps] == [[True], [True], [True], [False]]
 
 
-def test_a_chunk_takes_what_is_left_of_the_budget_and_a_fitting_prompt_waits_whole():
+def test_a_chunk_takes_what_is_left_of_the_budget():
     s = _sched(max_tokens=8)
     s.add(0, 2, decode_steps=3)
     s.step()
-    s.add(1, 8, decode_steps=1)  # fits a step whole: waits for one
+    s.add(1, 8, decode_steps=1)  # a first chunk of the 7 left, though it would fit a later step whole
     s.add(2, 20, decode_steps=1)
     b = s.step()
-    assert b.request_ids == [0] and b.query_lens == [1]
-    s2 = _sched(max_tokens=8)
-    s2.add(0, 2, decode_steps=3)
-    s2.step()
-    s2.add(2, 20, decode_steps=1)  # never fits whole: a first chunk of the 7 left
-    assert s2.step().query_lens == [1, 7]
+    assert b.request_ids == [0, 1] and b.query_lens == [1, 7]
 
 
 @pytest.mark.parametrize("k", [0, 2])
@@ -234,7 +236,7 @@ def test_finished_lists_what_ended_since_the_previous_step():
     seq = Sequence([Request(0, 2, 1), Request(1, 2, 3), Request(2, 2, 4, preempt_after=1)], max_tokens=16)
     steps = _check(seq)
     assert [b.finished for b in steps[:3]] == [[], [], [0, 2]]  # 0 done after one decode, 2 preempted
-    assert steps[2].request_ids == [1, 2] and steps[2].num_computed == [3, 0]  # 2 recomputed: 2 + 1 tokens
+    assert steps[2].request_ids == [1, 2] and steps[2].num_computed == [3, 0]  # 2 recomputed: 2 + 1 + 1 tokens
 
 
 def test_a_preempted_request_is_recomputed_with_the_tokens_it_kept():
@@ -247,7 +249,10 @@ def test_a_preempted_request_is_recomputed_with_the_tokens_it_kept():
     kept = [_token(0, 0, p, 512) for p in range(4)] + [_draft(0, 0, 4, 512), _draft(0, 0, 5, 512),
                                                         _token(0, 0, 6, 512), _draft(0, 0, 7, 512)]
     assert again.token_ids == kept
-    assert again.is_prefilling() == [True] and steps[4].num_computed == [8] and steps[4].draft_lens == [2]
+    # ... and the bonus token sampled at 8: the recompute's last chunk is that one token, then decodes from 9
+    assert again.is_prefilling() == [True] and again.prefill_lens == [9]
+    assert (steps[4].num_computed, steps[4].query_lens, steps[4].token_ids) == ([8], [1], [_token(0, 0, 8, 512)])
+    assert steps[5].num_computed == [9] and steps[5].draft_lens == [2]
 
 
 def test_dummy_steps_only_on_an_idle_data_parallel_rank():

@@ -34,14 +34,16 @@ NOT_EXPRESSED = (
 FOUND_HERE = (
     ("vLLM PR #53059 (open; the fix proposed for vLLM #53051)",
      "its check (`num_computed_tokens >= num_prompt_tokens` for every request) lets a preempted request's recompute "
-     "through: the recompute covers the prompt and the tokens kept before the preemption, and when its last chunk is "
-     "exactly 1+k tokens past the prompt the batch is a uniform decode, replays the FULL graph, and the GDN builder, "
-     "in its prefill branch, stages nothing (vLLM #53051's mechanism). PR #47123's rule, as this rebuild reads it, "
-     "has the same hole. The V2 runner's form (vLLM PR #51865, `prefill_len`) does not: the fixed stack uses it. "
-     "Found by `repro hunt --stack fixed --profile soak --spec-tokens 2 --mode full_and_piecewise` on the CPU while "
-     "the fixed stack used PR #53059's form: 4 requests, 7 steps (request 7, prompt 8, preempted after 3 decodes, "
-     "recomputed in chunks of 7, 7 and 3), first divergence step 6 `gdn_core.core_out`; stated by "
-     "`tests/test_resumed_recompute.py`. Not run against vLLM itself."),
+     "through: the recompute covers the prompt and every token sampled before the preemption, and when its last "
+     "chunk is exactly 1+k tokens past the prompt the batch is a uniform decode, replays the FULL graph, and the GDN "
+     "builder, in its prefill branch, stages nothing (vLLM #53051's mechanism). PR #47123's rule, as this rebuild "
+     "reads it, has the same hole. The V2 runner's form (vLLM PR #51865, `prefill_len`) does not: the fixed stack "
+     "uses it. Found by `repro hunt --stack fixed --profile soak --spec-tokens 2 --mode full_and_piecewise` on the "
+     "CPU while the fixed stack used PR #53059's form. vLLM 0.33.0's own V1 scheduler, run on the CPU, makes the "
+     "chunk; its smallest stream: 1 request, prompt 2, k=2, a step budget of 3, preempted after one decode that kept "
+     "its 3 tokens, recomputed in chunks of 3 and 3 (with a block size of 3, from its own cached block in one chunk "
+     "of 3); first divergence at the last chunk (step 3); stated by `tests/test_resumed_recompute.py` and "
+     "`tests/test_vllm_schedule.py`. The runner's side is this rebuild's."),
 )
 
 CHANGED_IN_034 = (

@@ -39,16 +39,23 @@ MAX_BLOCK_SIZE = 1024
 ALIGN_BLOCKS = 3  # state blocks a request slot adds to the pool with a block size: running, copy source, cached
 
 
-def aligned_chunk(start: int, n: int, prefill_end: int, block_size: int, max_tokens: int) -> int:
+def aligned_chunk(start: int, n: int, num_tokens: int, block_size: int, max_tokens: int,
+                  num_prompt: int | None = None, junction: int = 0) -> int:
     """The tokens of a prefill chunk of `n` from `start` that the block alignment keeps
-    (`_mamba_block_aligned_split`, without Eagle, connectors and prefill checkpoints):
+    (`_mamba_block_aligned_split`, without Eagle, connectors and prefill checkpoints), for a request
+    holding `num_tokens` tokens of which `num_prompt` are its prompt (None: all, a first prefill);
+    the prefill ends at `max(num_prompt, num_tokens - 1)` (a resumed request's last token is its last
+    sampled one, which the recompute's last chunk runs as a prompt's last chunk would):
     - past the prefill (a decode) nothing is clipped;
-    - a chunk ending before `prefill_end` ends on the block boundary below its end, unless that is
-      not past `start` and a block is wider than the step's budget (then it advances within the
+    - a chunk ending before the prefill's end ends on the block boundary below its end, unless that
+      is not past `start` and a block is wider than the step's budget (then it advances within the
       block); with a block that fits the budget such a chunk is clipped to nothing (0: it waits);
-    - the prompt's last chunk is exempt, but no chunk runs past the next block boundary when it
-      starts mid-block, nor past the last boundary before the prefill's last token
-      (`get_mamba_prefill_checkpoint_position`: that state is the longest a later hit can use)."""
+    - the prefill's last chunk is exempt, but no chunk runs past the next block boundary when it
+      starts mid-block, nor past the last boundary before the request's last token
+      (`get_mamba_prefill_checkpoint_position`: that state is the longest a later hit can use), nor
+      past the block boundary at or below a shared prefix's `junction` (`BlockPool.shared`) from
+      `start`, so the state there is cached for the requests that share it."""
+    prefill_end = num_tokens if num_prompt is None else max(num_prompt, num_tokens - 1)
     if start >= prefill_end:
         return n
     end = start + n
@@ -57,8 +64,9 @@ def aligned_chunk(start: int, n: int, prefill_end: int, block_size: int, max_tok
         if aligned > start or block_size <= max_tokens:
             end = aligned
     next_boundary = (start // block_size + 1) * block_size if start % block_size else 0
-    last_cache = (prefill_end - 1) // block_size * block_size
-    end = min((s for s in (next_boundary, last_cache) if start < s < end), default=end)
+    last_cache = (num_tokens - 1) // block_size * block_size
+    shared = start + (junction - start) // block_size * block_size if start < junction < end else 0
+    end = min((s for s in (next_boundary, last_cache, shared) if start < s < end), default=end)
     return max(end - start, 0)
 
 
@@ -72,6 +80,7 @@ class BlockPool:
         self.cached: dict[tuple, int] = {}  # tokens -> the block holding the state after them
         self.key_of: dict[int, tuple] = {}
         self.hits = 0  # requests started from a cached block
+        self.seen: set[tuple] = set()  # every full block of tokens computed: what the attention layers cache
 
     def __len__(self) -> int:
         return len(self.free)
@@ -105,6 +114,16 @@ class BlockPool:
         if tokens not in self.cached and b not in self.key_of:
             self.cached[tokens] = b
             self.key_of[b] = tokens
+
+    def shared(self, tokens: list[int], block_size: int) -> int:
+        """The tokens of the longest run of these tokens' full blocks that some request computed, at
+        most len-1 (the attention layers' cache hit: they cache every full block, where the state
+        layers cache only the blocks chunks end on; `KVCacheManager.get_computed_blocks` calls it
+        the `shared_prefix_boundary` where it is longer than the state hit)."""
+        n = 0
+        while (n + 1) * block_size <= len(tokens) - 1 and tuple(tokens[:(n + 1) * block_size]) in self.seen:
+            n += 1
+        return n * block_size
 
     def longest_hit(self, tokens: list[int], block_size: int) -> tuple[int, int | None]:
         """(i, block) of the last cached block i of these tokens' full blocks, at most len-1 tokens
@@ -194,8 +213,11 @@ class AlignedBlocks:
         """Cache each block the first `kept` tokens fill that this request has not cached yet and
         still holds (`MambaManager.cache_blocks`: a block let go is the null block, skipped)."""
         for j in range(r.cached, kept // self.block_size):
+            key = tuple(self._tokens(r, (j + 1) * self.block_size))
+            self.pool.seen.add(key)
             if j in r.cols:
-                self.pool.cache(tuple(self._tokens(r, (j + 1) * self.block_size)), r.cols[j])
+                self.pool.cache(key, r.cols[j])
+                self._fresh.add(self.pool.cached[key])  # its key's block, cached this step
         r.cached = max(r.cached, kept // self.block_size)
 
     def _settle_aligned(self, r, computed: int, kept: int) -> None:

@@ -1,9 +1,9 @@
 """The scheduler: requests in, steps out, one step at a time, as vLLM 0.33.0's scheduler hands them
 to the model runner (`vllm/v1/core/sched/scheduler.py: Scheduler.schedule`).
 
-Each step schedules, within a token budget, the decodes of running requests (1+K tokens each: the
-bonus token and K draft tokens), then the next chunks of prompts already started, then new
-requests lowest block first. A request holds 1+K state blocks from its first chunk until it
+Each step schedules, within a token budget, the running requests in the order they came (a decode:
+the bonus token and K drafts; or a prompt's next chunk), then waiting ones (`Scheduler.step`), its
+rows in the V1 runner's order (`order.RowOrder`). A request holds 1+K state blocks from its first chunk until it
 finishes or is preempted (vLLM's mamba cache mode "none" with speculative decoding: the running
 block, then one per draft token; `vllm/model_executor/layers/mamba/abstract.py:
 MambaBase.get_kv_cache_spec`, `num_speculative_blocks`), and freed blocks are reused lowest first,
@@ -12,7 +12,7 @@ so a new request's blocks hold a finished one's state. An idle data-parallel ran
 With a block size (prefix caching, vLLM's mamba cache mode "align"; `repro/scheduler/prefix.py`) a
 request's blocks instead grow with its sequence, prefill chunks end on block boundaries, filled
 blocks are cached, and a new request may start from the longest cached prefix of its tokens. At
-most `max_seqs` requests run. `Scheduler` is the one implementation: `schedule(seq)` drives it over
+most `max_seqs` requests run. `Scheduler` is the one implementation: `steps.schedule(seq)` drives it over
 a `Sequence`, and the Hypothesis state machine (`repro/search/machine.py`) drives it rule by rule."""
 from __future__ import annotations
 
@@ -23,16 +23,10 @@ from ..control.batch import StepBatch
 from ..errors import BadInput
 from .tokens import draft as _draft
 from .tokens import token as _token
+from .order import RowOrder
 from .prefix import ALIGN_BLOCKS, AlignedBlocks, BlockPool, aligned_chunk, check_block_size
 
 MAX_SPEC_TOKENS = 4
-TICK_LIMIT = 10_000  # ticks past the last arrival: a sequence that has not finished by then never will
-
-
-def block_pool(num_slots: int, spec_tokens: int = 0, first: int = 1) -> list[int]:
-    """The state blocks of `num_slots` concurrent requests with K = `spec_tokens`: 1+K each, from
-    `first` (1 with the pad sentinel 0, whose block 0 is the null block; 0 with the sentinel -1)."""
-    return list(range(first, first + num_slots * (1 + spec_tokens)))
 
 
 @dataclass
@@ -52,18 +46,25 @@ class _Req:
     drafted: set[int] = field(default_factory=set)  # positions whose kept token is an accepted draft
     taken: int = 0  # accept-list values used
     preempted: bool = False
+    drafts: int = 0  # the drafts of its last decode (fewer than K where the budget cut them)
+    last_call: int = -2  # the last `step` call that scheduled it (`Scheduler.calls`)
     # with a block size: column -> block held, the running column of this step and of the last one
     cols: dict[int, int] = field(default_factory=dict)
     col: int = 0  # the running column in `blocks` this step (0: mode "none")
     prev: int = -1  # the running column before this step, as the runner sees it
     run_col: int = -1  # the running column after its last step (-1: none since admission)
     cached: int = 0  # its first blocks cached so far (vLLM's num_cached_block)
+    junction: int = 0  # where its prefix shared with computed blocks outruns the cached states (`BlockPool.shared`)
 
     def prefill_len(self) -> int:
-        """What an admission must compute: the prompt, or everything kept before a preemption
-        (`Scheduler._preempt_request` sets num_computed_tokens to 0; the recompute covers the
-        prompt and the tokens generated so far)."""
-        return max(self.prompt_len, self.num_computed)
+        """What an admission must compute: every token the request holds (vLLM's num_tokens;
+        `Scheduler._preempt_request` sets num_computed_tokens to 0 and `schedule()` schedules
+        `num_tokens - num_computed_tokens`). Before its first admission, and while a (re)compute
+        is under way, that is its prompt or its recompute (`target`); once it has computed them,
+        one more than it computed: the last sampled token, known but not yet computed."""
+        if self.target and self.num_computed >= self.target:
+            return self.num_computed + 1
+        return max(self.prompt_len, self.target)
 
 
 class Scheduler(AlignedBlocks):
@@ -94,9 +95,12 @@ class Scheduler(AlignedBlocks):
         self.tick = 0  # the tick the next step or dummy runs at (arrivals are in ticks)
         self.emitted = 0  # steps emitted, dummies included: the next step's index
         self._running: list[_Req] = []  # holding blocks, in admission order
-        self._waiting: list[_Req] = []  # FCFS; a preempted request joins at the end
+        self._waiting: list[_Req] = []  # FCFS; a preempted request goes back to its front
         self._finished: list[int] = []  # finished or preempted since the last emitted step
         self._post: list[list[int]] = []  # boundary-state copies for the next step (`_post_align`)
+        self.order = RowOrder(spec_tokens)  # the runner's rows, for the order of a step's requests
+        self.calls = 0  # steps scheduled (`step` calls), empty ones included
+        self._fresh: set[int] = set()  # blocks cached by the step being scheduled (`_cache_kept`)
 
     # -- what the caller asks -------------------------------------------------------------------
 
@@ -176,56 +180,67 @@ class Scheduler(AlignedBlocks):
     def step(self, accepted: Mapping[int, int] | None = None) -> StepBatch | None:
         """Run one tick: settle the previous step's decodes with their kept counts (`accepted`:
         rid -> 1..1+K; a request left out takes its `accept` list's next value, or keeps all 1+K),
-        then schedule decodes, continuing chunks and new requests within the budget (vLLM:
-        running requests first, then waiting ones, a chunk clipped to the budget left;
-        `Scheduler.schedule`). A prompt that fits a step's budget waits for a step it fits whole
-        instead of being chunked (what `repro run`'s sequences always did); only a prompt longer
-        than the budget is split. Returns the step, or None when nothing could run (the tick
-        passes all the same)."""
+        then schedule as vLLM's `Scheduler.schedule` does: the running requests in the order they
+        were admitted, each its decode (1+K tokens, the drafts cut to the budget left) or its next
+        chunk (clipped to the budget left and, with a block size, to block boundaries: one clipped to
+        nothing is skipped), then the waiting ones in order, each chunked to the budget left (with a
+        block size, clipped to nothing: it and the rest wait), a first chunk of one token beside
+        running decodes and no running chunk padded to 1+K with K placeholder drafts (`Pad new decode
+        requests`; it waits if they do not fit). Returns the step, or None when nothing could run (the
+        tick passes all the same)."""
         self._settle(accepted)
-        t, budget, k = self.tick, self.max_tokens, self.spec_tokens
+        t, budget, k, bs = self.tick, self.max_tokens, self.spec_tokens, self.block_size
         self.tick += 1
-        rows: list[tuple[_Req, int, bool]] = []  # (request, query length, is a decode)
+        self.calls += 1
+        self._fresh = set()
+        rows: list[tuple[_Req, int, bool, int]] = []  # (request, query length, is a decode, drafts)
         for r in self._running:
+            if budget <= 0:
+                break
             if r.num_computed >= r.target:
-                if 1 + k > budget:
-                    break  # a decode is 1+K tokens or none: the rest wait (FCFS)
-                rows.append((r, 1 + k, True))
-                budget -= 1 + k
-        for r in self._running:
-            if r.num_computed < r.target and budget > 0:
-                n = min(r.target - r.num_computed, budget)
-                if self.block_size:
-                    n = aligned_chunk(r.num_computed, n, r.target, self.block_size, self.max_tokens)
-                    if n == 0:
-                        continue  # clipped to nothing: it waits for a step with more budget
-                rows.append((r, n, False))
-                budget -= n
-        for r in list(self._waiting):
-            if r.arrive > t or (len(self._running) >= self.max_seqs if self.block_size else len(self.free) < 1 + k):
-                continue
-            hit, block = (self.pool.longest_hit(self._tokens(r, r.prefill_len()), self.block_size)
-                          if self.block_size else (-1, None))
-            start = (hit + 1) * self.block_size if block is not None else 0
-            need = r.prefill_len() - start
-            if need <= budget:
-                n = need
-            elif need > self.max_tokens and budget > 0:
-                n = budget  # it never fits whole: a first chunk of what is left
+                n = min(1 + k, budget)
+                self._schedule(rows, (r, n, True, n - 1))
             else:
-                break  # it fits a step whole: it waits for one (FCFS)
-            if self.block_size:
-                n = aligned_chunk(start, n, r.prefill_len(), self.block_size, self.max_tokens)
+                n = min(r.target - r.num_computed, budget)
+                if bs:
+                    n = aligned_chunk(r.num_computed, n, r.target, bs, self.max_tokens, r.prompt_len, r.junction)
+                    if n == 0:
+                        continue
+                self._schedule(rows, (r, n, False, 0))
+            budget -= n
+        running, chunked = len(rows), any(not decode for _, _, decode, _ in rows)
+        for r in list(self._waiting):
+            if r.arrive > t or (len(self._running) >= self.max_seqs if bs else len(self.free) < 1 + k):
+                continue
+            if budget <= 0:
+                break
+            tokens = self._tokens(r, r.prefill_len()) if bs else []
+            hit, block = self.pool.longest_hit(tokens, bs) if bs else (-1, None)
+            if block is not None and block in self._fresh:
+                break  # a hit on a block this step fills waits for the next (`MambaManager.get_num_blocks_to_allocate`)
+            start = (hit + 1) * bs if block is not None else 0
+            junction = self.pool.shared(tokens, bs) if bs else 0
+            r.junction = junction if junction > start else 0
+            need = r.prefill_len() - start
+            n, pad = min(need, budget), 0
+            if k and need == 1 and not chunked and (running or start):
+                if 1 + k > budget:
+                    break
+                n, pad = 1 + k, k
+            if bs:
+                n = aligned_chunk(start, n, r.prefill_len(), bs, self.max_tokens, r.prompt_len, r.junction)
                 if n == 0:
                     break  # clipped to nothing (`_mamba_block_aligned_split`): it waits (FCFS)
+                if pad and n != 1 + k:
+                    n, pad = 1, 0
                 self._admit_aligned(r, hit, block)
             else:
-                self._admit(r, need)
-            rows.append((r, n, False))
+                self._admit(r, r.prefill_len())
+            self._schedule(rows, (r, n, False, pad))
             budget -= n
         if not rows:
             return None
-        return self._emit(rows, t)
+        return self._emit(rows, t, running)
 
     def dummy(self, accepted: Mapping[int, int] | None = None) -> StepBatch:
         """One tick of an idle data-parallel rank: the other ranks run a step, this one runs
@@ -262,21 +277,30 @@ class Scheduler(AlignedBlocks):
         for r in self._running + self._waiting:
             if not r.pending:
                 continue
-            if r.rid in accepted:
-                a = accepted.pop(r.rid)
-            elif r.accept:
-                a = r.accept[r.taken % len(r.accept)]
-                r.taken += 1
-            else:
-                a = 1 + self.spec_tokens
+            a = accepted.pop(r.rid) if r.rid in accepted else self._next_kept(r)
             self._check_kept(r.rid, a)
-            c = r.num_computed
-            r.drafted.update(range(c + 1, c + a))
-            r.num_computed, r.num_accepted, r.pending = c + a, a, False
-            if self.block_size and r.cols:  # running (a preempted request holds no blocks)
-                self._settle_aligned(r, c, a)
+            self._keep(r, a)
         if accepted:
             raise BadInput(f"request {next(iter(accepted))} had no decode in the previous step to keep tokens of")
+
+    def _next_kept(self, r: _Req) -> int:
+        """Its `accept` list's next value, or all 1+K; 1 for a decode the budget left no drafts (not
+        a spec decode: it takes no value of the list)."""
+        if not r.drafts:
+            return 1
+        if not r.accept:
+            return 1 + self.spec_tokens
+        r.taken += 1
+        return r.accept[(r.taken - 1) % len(r.accept)]
+
+    def _keep(self, r: _Req, a: int) -> None:
+        a = min(a, 1 + r.drafts)  # a decode whose drafts the budget cut keeps at most those
+        c = r.num_computed
+        r.drafted.update(range(c + 1, c + a))
+        r.num_computed, r.num_accepted, r.pending = c + a, a, False
+        if self.block_size and r.cols:  # running (a preempted request holds no blocks)
+            self._cache_kept(r, c + a)  # `Scheduler.update_from_output` caches what spec decodes kept
+            self._settle_aligned(r, c, a)
 
     def _admit(self, r: _Req, need: int) -> None:  # without a block size (`_admit_aligned`: with one)
         self._waiting.remove(r)
@@ -285,10 +309,10 @@ class Scheduler(AlignedBlocks):
         self._running.append(r)
 
     def _release(self, r: _Req, preempt: bool, arrive: int) -> None:
+        if r.pending:  # its last decode's outcome is known when the step ends, before it leaves
+            self._keep(r, self._next_kept(r))
         self._running.remove(r)
         if self.block_size:
-            if r.pending:  # its decode's boundary state, whatever it keeps: the block may be cached
-                self._post_align(r, r.num_computed, 1)
             for b in r.cols.values():
                 self.pool.release(b)
             r.cols, r.run_col = {}, -1
@@ -296,9 +320,9 @@ class Scheduler(AlignedBlocks):
             self.free = sorted(self.free + r.blocks)
         r.blocks = []
         self._finished.append(r.rid)
-        if preempt:
+        if preempt:  # `Scheduler._preempt_request`: `waiting.prepend_request`
             r.preempted, r.arrive = True, arrive
-            self._waiting.append(r)
+            self._waiting.insert(0, r)
 
     def _tok(self, r: _Req, pos: int) -> int:
         if pos in r.drafted:
@@ -308,17 +332,34 @@ class Scheduler(AlignedBlocks):
             rid = self._prefix[rid][0]
         return _token(self.seed, rid, pos, self.vocab)
 
-    def _emit(self, rows, t: int) -> StepBatch:
-        k, bs = self.spec_tokens, self.block_size
+    def _schedule(self, rows: list, row: tuple) -> None:
+        """A row of the step; with a block size its blocks are placed and what its tokens fill cached
+        as vLLM allocates them, in the order scheduled (`KVCacheManager.allocate_slots`)."""
+        rows.append(row)
+        r, q, decode, d = row
+        if self.block_size:
+            self._place(r, q)
+            self._cache_kept(r, r.num_computed + (1 if decode else q - d))  # a decode keeps its first token
+
+    def _emit(self, rows, t: int, running: int) -> StepBatch:
+        """The step of `rows` ((request, query length, is a decode, drafts) in the order scheduled,
+        the running requests' first `running`), its rows in the runner's order (`order.RowOrder`)."""
+        bs = self.block_size
         post = self._take_post()  # the last step's; this step's own (a released decode's) go with the next
+        new = rows[running:]
+        resumed = {r.rid for r, *_ in new if r.preempted}
+        received = [x for x in new if x[0].rid not in resumed] + rows[:running] + [x for x in new if x[0].rid in resumed]
+        order = self.order.step([(r.rid, q, r.num_computed, r.prompt_len) for r, q, *_ in received], self._finished,
+                                resumed)
+        rows = sorted(rows, key=lambda x: order.index(x[0].rid))
+        for r, *_ in rows:
+            if r.last_call != self.calls - 1:  # it left the runner's batch: `InputBatch.add_request` counts 1
+                r.num_accepted = 1
+            r.last_call = self.calls
         ids, slots, qlens, init, toks = [], [], [], [], []
         computed, prompts, drafts, accepted, blocks = [], [], [], [], []
-        for r, q, decode in rows if bs else ():
-            self._place(r, q)
-            self._cache_kept(r, r.num_computed + (1 if decode else q))  # a decode keeps its first token
-        aligned = dict(block_size=bs, state_cols=[r.col for r, _, _ in rows],
-                       prev_cols=[r.prev for r, _, _ in rows]) if bs else {}
-        for r, q, decode in rows:
+        aligned = dict(block_size=bs, state_cols=[x[0].col for x in rows], prev_cols=[x[0].prev for x in rows]) if bs else {}
+        for r, q, decode, d in rows:
             c = r.num_computed
             ids.append(r.rid)
             slots.append(r.blocks[r.col])
@@ -326,75 +367,34 @@ class Scheduler(AlignedBlocks):
             init.append(c > 0)
             computed.append(c)
             prompts.append(r.prompt_len)
-            drafts.append(k if decode else 0)
+            drafts.append(d)
             accepted.append(r.num_accepted)
             blocks.append(list(r.blocks))
             if decode:
                 toks.append(self._tok(r, c))
-                toks.extend(_draft(self.seed, r.rid, c + j, self.vocab) for j in range(1, k + 1))
-            else:
-                toks.extend(self._tok(r, p) for p in range(c, c + q))
+                toks.extend(_draft(self.seed, r.rid, c + j, self.vocab) for j in range(1, d + 1))
+            else:  # a padded first chunk's placeholder drafts: the runner clamps their -1 to 0 (`_preprocess`)
+                toks.extend([self._tok(r, p) for p in range(c, c + q - d)] + [0] * d)
         finished, self._finished = self._finished, []
-        for r, q, decode in rows:
+        for r, q, decode, d in rows:
             if decode:
-                r.pending = True
+                r.pending, r.drafts = True, d
                 r.decodes += 1
                 if r.decode_steps is not None and r.decodes >= r.decode_steps:
                     self._release(r, False, t + 1)
                 elif r.preempt_after is not None and r.decodes == r.preempt_after and not r.preempted:
                     self._release(r, True, t + 1)
-            else:
-                r.num_computed += q
+            else:  # a placeholder draft is never kept: the padded chunk computes its one token
+                r.num_computed += q - d
                 r.num_accepted = 1
                 if r.num_computed >= r.target and r.decode_steps == 0:
                     self._release(r, False, t + 1)
-        for r, _, decode in rows if bs else ():
+        for r, _, decode, _ in rows if bs else ():
             if r in self._running:
                 self._retire(r, r.num_computed + decode)  # a decode has kept one token at least
         b = StepBatch(ids, slots, qlens, init, toks, step=self.emitted, live_slots=self.owned(),
                       num_computed=computed, prompt_lens=prompts, draft_lens=drafts, num_accepted=accepted,
                       blocks=blocks, finished=finished, post_copies=post, **aligned,
-                      prefill_lens=None if (pre := [r.target for r, _, _ in rows]) == prompts else pre)  # resumed
+                      prefill_lens=None if (pre := [x[0].target for x in rows]) == prompts else pre)  # resumed
         self.emitted += 1
         return b
-
-
-def schedule(seq, usable_slots=None) -> list[StepBatch]:
-    """The steps of `seq` (a `sequence.Sequence`): its requests added in arrival order, one
-    `Scheduler.step` a tick, a dummy step on each idle tick of a data-parallel rank while requests
-    are still to arrive, and `tail_dummies` dummy steps after the last request finishes.
-
-    `usable_slots`: the state rows requests may use, as `Sequence.batches` takes them (None:
-    1..num_slots, the pad sentinel 0's; range(num_slots): the sentinel -1's). With K > 0 every
-    request needs 1+K blocks: the pool is num_slots * (1+K) consecutive blocks from the lowest
-    usable row."""
-    k, bs = seq.spec_tokens, seq.block_size
-    if bs:  # a request slot's blocks are ALIGN_BLOCKS + K, from the lowest usable row; the null block below it
-        first = 1 if usable_slots is None else min(usable_slots)
-        pool = block_pool(seq.num_slots, ALIGN_BLOCKS - 1 + k, first)
-    elif usable_slots is None:
-        pool = block_pool(seq.num_slots, k)
-    elif k == 0:
-        pool = list(usable_slots)
-    else:
-        pool = block_pool(seq.num_slots, k, min(usable_slots))
-    if seq.tail_dummies and not seq.data_parallel:
-        raise BadInput(f"tail_dummies {seq.tail_dummies} needs data_parallel (only an idle data-parallel rank runs one)")
-    sched = Scheduler(seq.max_tokens, pool, k, seq.vocab, seq.seed, seq.data_parallel, bs,
-                      seq.num_slots if bs else None, (min(pool) - 1) if bs else 0)
-    for r in sorted(seq.requests, key=lambda r: (r.arrive, r.rid)):
-        sched.add(r.rid, r.prompt_len, r.decode_steps, r.arrive, r.preempt_after, r.accept, r.prefix_of, r.prefix_len)
-    limit = TICK_LIMIT + max((r.arrive for r in seq.requests), default=0)
-    steps: list[StepBatch] = []
-    while not sched.done():
-        if seq.data_parallel and sched.idle():
-            steps.append(sched.dummy())
-        else:
-            b = sched.step()
-            if b is not None:
-                steps.append(b)
-        if sched.tick > limit:
-            raise BadInput("the sequence does not finish (a request can never be scheduled)")
-    steps.extend(sched.dummy() for _ in range(seq.tail_dummies))
-    return steps
-

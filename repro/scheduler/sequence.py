@@ -13,7 +13,7 @@ from ..errors import BadInput
 from ..io import read_json
 from .schema import check_json
 from .prefix import ALIGN_BLOCKS
-from .scheduler import schedule
+from .steps import schedule
 
 
 def copy_slots(num_slots: int, blocks_per_request: int, spec_tokens: int) -> int:

@@ -23,11 +23,17 @@ EXPLAINED = {
         "others; in a batch of spec rows alone vLLM stages an `arange` and an empty tensor into its buffers and the "
         "mirror builds none. Neither layer reads them unless the batch is mixed (vLLM: `num_prefills == 0 and "
         "num_decodes == 0` takes the whole batch; the mirror: `GDNMeta.mixed`)."),
+    "pool size": (
+        "With a block size the mirror's state-block pool holds `num_slots` request slots of blocks (what a layer "
+        "copy's state cache holds) and hands out the least recently freed first, so it evicts a cached block "
+        "sooner than a deployment's pool and misses a prefix hit vLLM finds; with a pool as large as vLLM's it "
+        "schedules the same steps (the scheduler family compares that run). A missed hit makes a request recompute "
+        "a prefix it could have started from a cached state: a schedule vLLM makes too, with fewer free blocks."),
 }
 
 
 # Explanations of one release's behaviour only (a run of another release meets none of them).
-ONLY_IN = {"padding counted as prefills": "0.26.0"}
+ONLY_IN = {"padding counted as prefills": "0.26.0", "pool size": "0.33.0"}
 
 
 def builder_difference(theirs_meta, common):

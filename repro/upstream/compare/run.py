@@ -6,7 +6,9 @@ stack profile, over inputs drawn from the suite's strategies (`inputs`).
 - steps (`steps.py`): the uniform-decode decision and the draft bookkeeping on every step;
 - builder (`builder.py`): the GDN builder on every build call of each sequence's control path;
 - input batch (`input_batch.py`): every call on the persistent batch;
-the steps and the builder over `budget.sequences` request sequences for each K in 0..3 with and
+- scheduler (`scheduler.py`): vLLM's V1 scheduler and the mirror's on the same request streams, step
+  by step;
+the steps, the builder and the scheduler over `budget.sequences` request sequences for each K in 0..3 with and
 without a block size (the builder's under the graph modes and capture lists in turn), the input
 batch over three times as many for each K without a block size (a growing row is the runner's
 `_update_states`, not run here; its calls are cheap, and the family needs as many calls as the
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from ...knobs.stacks import Stack
 from ..case import Case
-from . import builder, dispatch, input_batch, steps
+from . import builder, dispatch, input_batch, scheduler, steps
 from .inputs import cases_st, draw, sequences_st
 
 CLAIMS = {"vllm-0.33-mrv1": "0.33.0", "vllm-0.26": "0.26.0"}
@@ -101,6 +103,8 @@ def conform(up, stack: Stack, budget: Budget = Budget(), seed: int = 0, note=Non
             for k, bs in COMBOS}
     t0 = time.monotonic()
     family("steps", steps.run(up, [s for ss in seqs.values() for s in ss], rules), t0)
+    t0 = time.monotonic()
+    family("scheduler", scheduler.run(up, [s for ss in seqs.values() for s in ss], rules, cache), t0)
     t0 = time.monotonic()
     results, out.unwritten_replays = builder.run(up, builder_pairs(seqs, cache), rules)
     family("builder", results, t0)
