@@ -15,6 +15,7 @@ from ..errors import BadInput
 from ..islands import Model, Runs, kind
 from ..lockstep import run_lockstep, run_moe_lockstep
 from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
+from ..capture.control import paths_for
 from .results import Case, CaseResult
 from .triggers import reached
 from ..scheduler.sequence import Request, Sequence
@@ -112,11 +113,14 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
             reference_every = hz.reference_cadence(case.hazards, case.stack)
         every = default_every(provider.device) if reference_every is None else reference_every
         spec, slots = getattr(seq, "spec_tokens", 0), seq.copy_slots()  # a block size's pool is larger
+        asked = sizes  # under vLLM's control, None lets vLLM choose its own list
         sizes = sizes or default_capture_sizes(seq.num_slots, seq.max_tokens, spec)
-        ref = ReferenceCopy(independent_copy(model, slots, copy_sentinel, spec), every) if every > 0 else None
-        res = run_lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=copy_sentinel, spec_tokens=spec),
-                           provider, batches, mode=case.mode, opts=opts, sizes=sizes, trace=trace, progress=progress,
-                           max_tokens=seq.max_tokens, reference=ref, max_num_seqs=seq.num_slots)
+        with paths_for(case.control, opts.control, model.path, case.block_size) as paths:
+            ref = ReferenceCopy(independent_copy(model, slots, copy_sentinel, spec), every, paths) if every > 0 else None
+            res = run_lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=copy_sentinel, spec_tokens=spec),
+                               provider, batches, mode=case.mode, opts=opts,
+                               sizes=asked if case.control.upstream else sizes, trace=trace, progress=progress,
+                               max_tokens=seq.max_tokens, reference=ref, max_num_seqs=seq.num_slots, paths=paths)
     findings = [f.to_json() for f in res.findings]
     triggered = None if batches is None else reached(case.hazards, case.repairs, case.mode, batches[:res.steps],
                                                      sizes, findings, getattr(seq, "spec_tokens", 0), seq.num_slots)

@@ -20,6 +20,7 @@ import torch
 
 from ..check.compare import KERNEL_FINDINGS, Divergence
 from ..knobs import hazards as hz
+from ..knobs.control import Control
 from ..knobs.hazards import FINDING_KINDS
 from .triggers import needs, shown_by_finding
 
@@ -35,6 +36,7 @@ class Case:
     data_parallel: bool = False  # its sequence has an idle data-parallel rank's dummy steps
     stack: str = "fixed"  # the stack profile its control rules start from (`knobs.stacks`)
     block_size: int | None = None  # prefix caching's block size (vLLM's mamba cache mode "align"); None: "none"
+    control: Control = Control()  # where its control decisions come from (`--control`, `--patch`)
 
 
 @dataclass
