@@ -9,6 +9,7 @@ import random
 from dataclasses import replace
 
 from ..knobs import hazards as hz
+from ..knobs.control import Control, decided_by_vllm
 from ..control.dispatch import DEFAULT_SIZES, default_capture_sizes
 from ..knobs.modes import DEFAULT_MODES, mode_name
 from ..errors import BadInput
@@ -44,13 +45,15 @@ def sequence_needs(hazards, spec_tokens: int | None) -> tuple[int, bool]:
 
 
 def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_tokens: int | None = None,
-         stack: str = "fixed", block_size: int | None = None) -> list[Case]:
+         stack: str = "fixed", block_size: int | None = None, control: Control = Control()) -> list[Case]:
     """Explicit hazards/repairs -> one case per mode; none -> baseline plus every applicable hazard,
     and the chain's baseline again with K = DEFAULT_SPEC draft tokens a decode in each mode with a
     FULL decode graph. `spec_tokens` given: every case runs at that K. Each hazard case runs the
     sequence its hazard needs (`sequence_needs`); every case starts from `stack`'s rules. With a
     `block_size` (prefix caching) every case runs with it and the default plan leaves out the rows
-    whose K is not below it (a block is wider than a decode's drafts: `check_block_size`)."""
+    whose K is not below it (a block is wider than a decode's drafts: `check_block_size`). Under a vLLM
+    `control` every case runs vLLM's decisions, and the default plan leaves out the hazards whose
+    mechanism vLLM's code decides (`knobs.control.decided_by_vllm`: plant those with a patch)."""
     whole = island in ("all", None)
     islands = (["chain"] if (hazards or repairs) else list(DEFAULT_ISLANDS)) if whole else [island]
     modes = [mode_name(mode)] if mode else list(DEFAULT_MODES)
@@ -58,7 +61,7 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
 
     def case(isl, m, hs=(), rs=(), expect="clean"):
         k, dp = sequence_needs(hs, spec_tokens)
-        return Case(isl, m, tuple(hs), tuple(rs), expect, k, dp, stack, block_size)
+        return Case(isl, m, tuple(hs), tuple(rs), expect, k, dp, stack, block_size, control)
 
     cases: list[Case] = []
     for isl in islands:
@@ -70,14 +73,16 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
                 hz.check(hazards, repairs, m, streams, "chain" if k.runs is Runs.CHAIN else isl)
                 cases.append(case(isl, m, hazards, repairs, hz.expectation(hazards, repairs)))
             else:
-                cases.append(Case(isl, m, spec_tokens=base_k, stack=stack, block_size=block_size))
+                cases.append(Case(isl, m, spec_tokens=base_k, stack=stack, block_size=block_size, control=control))
     if hazards or repairs or not (whole or island == "chain"):
         return cases
     if spec_tokens is None and (block_size is None or block_size > DEFAULT_SPEC):
-        cases += [Case("chain", m, spec_tokens=DEFAULT_SPEC, stack=stack, block_size=block_size)
+        cases += [Case("chain", m, spec_tokens=DEFAULT_SPEC, stack=stack, block_size=block_size, control=control)
                   for m in modes if m != "piecewise"]
     for m in modes:
         for h in hz.planted(m, streams):
+            if control.upstream and decided_by_vllm(h.sets):
+                continue
             if block_size is not None and sequence_needs((h.name,), spec_tokens)[0] >= block_size:
                 continue  # its drafts would cross more than one block boundary
             cases.append(case("chain", m, (h.name,), (), hz.expectation((h.name,), ())))

@@ -103,7 +103,12 @@ class CaseResult:
                                     for k, v in self.kernel_findings.items()},
                 "eager_us": round(self.eager_us, 1), "replay_us": round(self.replay_us, 1),
                 "bound_usage": {k: round(v, 4) for k, v in sorted(self.bound_usage.items())},
-                "triggered": self.triggered, "verdict": verdict(self)}
+                "triggered": self.triggered, "verdict": verdict(self), **self._control()}
+
+    def _control(self) -> dict:
+        """The case's control source, where it is not the mirror (mirror rows keep their keys)."""
+        c = self.case.control
+        return {"control": c.source, "patches": list(c.patches)} if c.upstream else {}
 
 
 @dataclass

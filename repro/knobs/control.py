@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import BadInput
+from .hazards import HAZARDS, REPAIRS
 
 SOURCES = {
     "mirror": "the suite's mirror of vLLM's runner (repro/control), under the stack's rules",
@@ -51,3 +52,29 @@ class Control:
         """How a result names it: the source, and the patch files' names."""
         names = [p.rsplit("/", 1)[-1].removesuffix(".py") for p in self.patches]
         return self.source + "".join(f"+{n}" for n in names)
+
+
+def decided_by_vllm(sets: dict) -> bool:
+    """A knob (a hazard's or repair's settings) whose mechanism the control path decides: a control
+    rule, the builder's padding, the kernels' sentinel. Under a vLLM source vLLM's code decides
+    those; the knob is the mirror's."""
+    return any(k.startswith("control.") or k in ("runner.pad", "kernel_sentinel") for k in sets)
+
+
+def check(control: Control, stack: str = "fixed", hazards=(), repairs=(), sentinel: int = 0) -> None:
+    """Refuse what a vLLM source cannot honour, in one line: the stack profile (vLLM as installed and
+    patched is the stack), a knob vLLM's code decides (`decided_by_vllm`), a sentinel other than vLLM's
+    null block 0."""
+    if not control.upstream:
+        return
+    flag = f"--control {control.source}"
+    if stack != "fixed":
+        raise BadInput(f"--stack {stack}: {flag} runs the installed vLLM's own rules (change them with --patch); "
+                       "a stack profile is the mirror's")
+    for what, names, table in (("--hazard", hazards, HAZARDS), ("--repair", repairs, REPAIRS)):
+        for n in names:
+            if n in table and decided_by_vllm(table[n].sets):
+                raise BadInput(f"{what} {n}: under {flag} vLLM's own code makes that decision (plant a change to it "
+                               "with --patch FILE)")
+    if sentinel != 0:
+        raise BadInput(f"--sentinel {sentinel}: under {flag} the kernels skip vLLM's null block 0")

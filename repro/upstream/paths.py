@@ -19,7 +19,7 @@ from ..errors import BadInput
 from ..knobs.control import Control
 from .case import Case
 from .config import vllm_config
-from .load import load
+from .load import UpstreamMissing, installed, load, why_not
 from .metadata import NULL_BLOCK_ID
 from .patches import applied, read
 from .v1 import V1EagerPath, V1Path
@@ -68,3 +68,24 @@ class VllmPaths:
     def eager(self, spec_tokens: int, device, sentinel: int):
         cfg = self.config("none", spec_tokens, None, 8, 64)
         return (V2EagerPath if self.control.runner == "v2" else V1EagerPath)(self.up, cfg, device)
+
+
+def ready(control: Control) -> None:
+    """Refuse, before any work, a vLLM source where vLLM is missing (one line naming the tox
+    environments that install it) or a patch file that breaks the contract (`patches.read`)."""
+    if not control.upstream:
+        return
+    problem = why_not()
+    if problem:
+        raise UpstreamMissing(f"--control {control.source}: {problem}")
+    for p in control.patches:
+        read(p)
+
+
+def control_json(control: Control) -> dict:
+    """What a result file records of its control source: nothing for the mirror (its files keep their
+    keys), else the source, the vLLM release and each patch's path and title."""
+    if not control.upstream:
+        return {}
+    return {"control": control.source, "vllm": installed(),
+            "patches": [{"path": p, "title": read(p).title} for p in control.patches]}

@@ -100,9 +100,11 @@ class V1Path:
 
     def update(self, batch) -> None:
         """`_update_states` (module docstring). A request in `batch.finished` that is scheduled again
-        was preempted: vLLM resumes it (`resumed_req_ids`: removed, its block ids replaced, added)."""
-        if batch.dummy:  # `execute_dummy_batch` runs `_dummy_run` only
-            return
+        was preempted: vLLM resumes it (`resumed_req_ids`: removed, its block ids replaced, added).
+        A dummy step schedules nothing: before an idle rank's `execute_dummy_batch`, its engine ran
+        `execute_model` on the empty schedule that delivers the finished requests
+        (`EngineCore.step` runs while `scheduler.has_requests()`, finished ones included), and
+        `_update_states` removed every row of the persistent batch."""
         ib = self.batch
         scheduled = [str(r) for r in batch.request_ids]
         resumed = set(map(str, batch.finished)) & set(scheduled)
