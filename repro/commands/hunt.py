@@ -17,7 +17,7 @@ import torch
 from ..control.dispatch import DEFAULT_SIZES
 from ..errors import BadInput
 from ..graphs import make_provider
-from ..io import cache_dir, check_output_file, emit, write_json
+from ..io import cache_dir, check_output_file, emit, prepare_output_dir, write_json
 from ..islands import Model, check_island
 from ..job.cases import Case, check_knobs, run_case
 from ..knobs import hazards as hz
@@ -25,6 +25,7 @@ from ..model.tiny import default_checkpoint
 from ..progress import for_cases
 from ..report import check_output as check_report_dir
 from ..report import write_report
+from ..report import upstream as upstream_report
 from ..scheduler.prefix import check_block_size
 from ..scheduler.sequence import Sequence, request_json
 from ..search.blind import blame_json, blame_lines, blame_minimal, failure, hunt_mode, is_blind, sequence_shape
@@ -169,8 +170,11 @@ def hunt_command(o: HuntConfig) -> int:
         print(f"repro: {e}", file=sys.stderr)
         return 1
     if o.report and doc is not None:
-        write_report(doc, o.report, command=o.command, layer=o.layer, sentinel=o.sentinel, force=o.force,
-                     what="--report", stack=o.stack)
+        if upstream_report.is_upstream(doc):
+            upstream_report.write_upstream_report(doc, Path(o.report).absolute())
+        else:
+            write_report(doc, o.report, command=o.command, layer=o.layer, sentinel=o.sentinel, force=o.force,
+                         what="--report", stack=o.stack)
         emit(f"report: {o.report}/REPORT.md")
     return rc
 
@@ -197,7 +201,9 @@ def _check(o: HuntConfig) -> tuple[str, Path]:
         save.parent.mkdir(parents=True, exist_ok=True)  # the cache's own folder for saved hunts
     check_output_file(save, "--save")
     check_output_file(o.json, "--json")
-    if o.report:
+    if o.report and o.ctl.upstream:
+        prepare_output_dir(o.report, o.force, "--report", names=upstream_report.OUTPUTS)
+    elif o.report:
         check_report_dir(o.report, o.force, "--report")
     return mode, save
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..io import prepare_output_dir
 from ..report import SCRIPT, WEIGHTS, check_layer, check_output, load_result, write_report
+from ..report import upstream
+from ..upstream.paths import ready
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,17 @@ class ReportConfig:
 
 
 def report_command(c: ReportConfig) -> int:
-    """`repro report`: the report directory from a result file; says what it wrote."""
-    out = check_output(c.output, c.force, "-o")
+    """`repro report`: the report directory from a result file; says what it wrote. A finding made on
+    the installed vLLM's own decisions (`--control vllm`) gets the upstream report
+    (`report.upstream`)."""
     doc = load_result(c.result)
+    if upstream.is_upstream(doc):
+        ready(upstream.control_of(doc))
+        out = prepare_output_dir(c.output, c.force, "-o", names=upstream.OUTPUTS)
+        written = upstream.write_upstream_report(doc, out, verify=c.verify)
+        print(f"wrote {out}/" + ", ".join(n for n in upstream.OUTPUTS if n in written))
+        return 0
+    out = check_output(c.output, c.force, "-o")
     check_layer(doc, c.layer)
     write_report(doc, out, result_path=str(c.result), index=c.case, layer=c.layer, sentinel=c.sentinel,
                  verify=c.verify, seed=c.seed, weights=c.weights, force=c.force, cache=c.cache, stack=c.stack)
