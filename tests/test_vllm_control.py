@@ -15,7 +15,6 @@ from repro.islands import Model
 from repro.job.cases import Case, default_sequence, run_case
 from repro.knobs.control import Control
 from repro.knobs.modes import Runtime, parse_mode
-from repro.knobs.options import UniformDecode
 from repro.knobs.stacks import stack
 from repro.scheduler.sequence import Request, Sequence
 from repro.upstream import load as upstream
@@ -25,6 +24,7 @@ MISSING = upstream.why_not()
 pytestmark = [pytest.mark.conformance, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
 PR53059, PR47123, PR55123 = ("patches/vllm_pr53059.py", "patches/vllm_pr47123.py", "patches/vllm_pr55123.py")
 FULL = parse_mode("full_and_piecewise")
+V2_RULE = stack("vllm-0.33-mrv2").rules.uniform_decode  # the profile of the V2 runner, which the fixed stack takes
 META = ("num_decodes", "num_prefills", "num_spec_decodes", "num_prefill_tokens", "num_spec_decode_tokens",
         "num_actual_tokens")
 TENSORS = ("spec_state_indices", "non_spec_state_indices", "num_accepted_tokens", "spec_query_start_loc",
@@ -77,7 +77,7 @@ def test_vllms_v1_runner_decides_every_step_as_the_mirror_of_0_33_does(tiny_path
 @pytest.mark.parametrize("k, block", [(0, None), (2, None), (2, 4)])
 def test_vllms_v2_runner_calls_a_batch_uniform_by_the_phase_aware_rule(tiny_path, k, block):
     """`gather_batch_req_state` over the step (its prefill phase counts a resumed request's recompute)
-    decides as the mirror's phase-aware rule (vLLM PR #51865, the fixed stack's), and its graph
+    decides as the vllm-0.33-mrv2 profile's rule (the phase-aware rule, the fixed stack's), and its graph
     manager replays FULL exactly those steps whose tokens fit one of its FULL keys (the capture sizes
     rounded up to 1+k, within the largest size: `CudaGraphManager._init_candidates`)."""
     seq = default_sequence(0, 120, spec_tokens=k, block_size=block)
@@ -86,7 +86,7 @@ def test_vllms_v2_runner_calls_a_batch_uniform_by_the_phase_aware_rule(tiny_path
         top = max(d.num_tokens for m, ds in v2.manager._capture_descs.items() if m.name == "FULL" for d in ds)
         full = 0
         for b in [b for b in seq.batches() if not b.dummy]:
-            rule = uniform_decode(UniformDecode.PHASE_AWARE, b.query_lens, prefilling(UniformDecode.PHASE_AWARE, b), k)
+            rule = uniform_decode(V2_RULE, b.query_lens, prefilling(V2_RULE, b), k)
             runtime, desc = v2.dispatch(b)
             assert (runtime is Runtime.FULL) == (rule and b.num_tokens <= top), b.step
             full += runtime is Runtime.FULL
