@@ -8,5 +8,7 @@ vLLM, so the rest stays torch-only and `import repro` never needs it.
 - `dispatch`, `runner`, `builder`, `input_batch`: vLLM's dispatcher, uniform-decode decision and draft
   bookkeeping, GDN metadata builder and persistent batch behind calls shaped like the mirror's
   (`repro.control.dispatch`, `.builder`, `.input_batch`), so a test feeds both the same inputs;
+- `schedule`, `rows`: vLLM's V1 `Scheduler` driven by a suite `Sequence`, the V1 runner's rows of
+  each step rebuilt on vLLM's `InputBatch`: the `StepBatch`es vLLM makes of the sequence;
 - `compare`: the conformance run (`repro conform`), the same generated inputs through both.
 """

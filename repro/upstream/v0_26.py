@@ -8,6 +8,7 @@ fragment, in the model-inspection subprocess too), over the same modules. What d
 - `InputBatch` also takes `kernel_block_sizes` (one per KV cache group; the state group's is its
   block size);
 - `get_request_block_hasher` takes no lookahead tokens;
+- its `SchedulerOutput` has no `skip_drafts` (the runner always drafts);
 - the draft bookkeeping in `GPUModelRunner._prepare_inputs` ends at the same line, and lacks
   0.33.0's zero-draft decode lines (a one-token decode with no drafts stays -1, a non-spec row).
 """
@@ -29,6 +30,11 @@ def block_hasher_args(cfg) -> tuple:
     return ()
 
 
+def skips_drafts(out) -> bool:
+    """This release's `SchedulerOutput` has no `skip_drafts`: the runner always drafts."""
+    return False
+
+
 def load() -> types.SimpleNamespace:
     """As `v0_33.load`, for this release."""
     keep = v0_33.define_torchvision_ops()
@@ -38,4 +44,5 @@ def load() -> types.SimpleNamespace:
     logging.getLogger("vllm").setLevel(logging.ERROR)
     return types.SimpleNamespace(version=VERSION, platform=platform, keep=keep, draft_anchors=DRAFT_BOOKKEEPING,
                                  block_hasher_args=block_hasher_args, input_batch_kwargs={"kernel_block_sizes": True},
+                                 skips_drafts=skips_drafts,
                                  **mods)

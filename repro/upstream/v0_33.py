@@ -55,6 +55,7 @@ MODULES = {
     "kv_cache_utils": "vllm.v1.core.kv_cache_utils",
     "hashing": "vllm.utils.hashing",
     "scheduler_output": "vllm.v1.core.sched.output",
+    "outputs": "vllm.v1.outputs",
     "request": "vllm.v1.request",
     "structured_output": "vllm.v1.structured_output",
     "sampling_params": "vllm.sampling_params",
@@ -91,6 +92,12 @@ def block_hasher_args(cfg) -> tuple:
     """What `get_request_block_hasher` takes after the hash block size and function, as
     `EngineCore.__init__` passes it (this release: the lookahead tokens)."""
     return (cfg.num_hash_lookahead_tokens,)
+
+
+def skips_drafts(out) -> bool:
+    """Whether the runner proposes no drafts after this `SchedulerOutput` (this release: its
+    `skip_drafts`, set when no scheduled request can use them)."""
+    return out.skip_drafts
 
 
 def define_torchvision_ops() -> dict:
@@ -169,4 +176,5 @@ def load() -> types.SimpleNamespace:
     platform = switch_platform()
     logging.getLogger("vllm").setLevel(logging.ERROR)  # its INFO lines would fill a conformance run's output
     return types.SimpleNamespace(version=VERSION, platform=platform, keep=keep, draft_anchors=DRAFT_BOOKKEEPING,
-                                 block_hasher_args=block_hasher_args, input_batch_kwargs={}, **mods)
+                                 block_hasher_args=block_hasher_args, input_batch_kwargs={}, skips_drafts=skips_drafts,
+                                 **mods)
