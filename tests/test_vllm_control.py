@@ -13,6 +13,7 @@ from repro.errors import ReplayRefused
 from repro.graphs import make_provider
 from repro.islands import Model
 from repro.job.cases import Case, default_sequence, run_case
+from repro.job.steps import case_steps
 from repro.knobs.control import Control
 from repro.knobs.modes import Runtime, parse_mode
 from repro.knobs.stacks import stack
@@ -134,12 +135,13 @@ def test_the_full_graph_reads_vllms_own_persistent_buffers(tiny_path, source):
         assert buf[:2].tolist() == [r[:3] for r in decode.block_rows()]
 
 
-# vLLM PR #53059's hole, found by this suite's soak (`tests/test_resumed_recompute.py`): request 7 is
-# preempted after 3 decodes and recomputed in chunks of 7, 7 and 3 tokens; the last runs alone at step 6,
-# 1+k tokens all past its prompt.
-TAIL = 6
-RESUMED = [Request(4, 5, 2, arrive=1, preempt_after=1), Request(5, 1, 2, arrive=3), Request(6, 1, 2, arrive=3),
-           Request(7, 8, 4, arrive=0, preempt_after=3)]
+# vLLM PR #53059's hole, found by this suite's soak (`tests/test_resumed_recompute.py`), as vLLM's own
+# scheduler makes it (the smallest such stream, `tests/test_vllm_schedule.py`): one request, a prompt of
+# 2, preempted after one decode that kept all 1+K tokens; vLLM resumes it with its prompt, its first token
+# and the 3 kept (6 tokens) in chunks of the step budget, 3: the last, at step 3, is 1+K tokens all past
+# its prompt.
+TAIL = 3
+RESUMED = Sequence([Request(0, 2, 2, preempt_after=1)], num_slots=1, max_tokens=3, spec_tokens=2)
 
 
 @pytest.fixture(scope="module")
@@ -149,9 +151,9 @@ def model(tiny_path):
 
 @pytest.mark.parametrize("patch", [PR53059, PR47123])
 def test_the_resumed_recompute_replays_the_unstaged_full_graph_through_vllms_code(model, patch):
-    seq = Sequence(RESUMED, num_slots=16, max_tokens=16, vocab=512, seed=0, spec_tokens=2)
-    last = seq.batches()[TAIL]
-    assert last.computed()[0] >= last.prompts()[0] and last.computed()[0] < last.prefills()[0]
+    seq = RESUMED
+    last = case_steps(Case("chain", "full_and_piecewise", control=Control("vllm")), seq)[TAIL]
+    assert last.query_lens == [3] and last.prompts()[0] <= last.computed()[0] < last.prefills()[0]
     provider = make_provider("cpu")
     hole = run_case(model, provider, Case("chain", "full_and_piecewise", spec_tokens=2,
                                           control=Control("vllm", (patch,))), seq)
@@ -172,3 +174,46 @@ def test_an_idle_ranks_dummy_steps_run_on_vllms_decisions(model):
                                            control=Control(source, patches)), seq)
         assert not r.detected and r.steps == len(seq.batches()), (source, r.failure)
         assert np.isfinite(r.replay_us)
+
+
+def test_the_trace_names_the_inconsistent_step_and_the_v2_rule_has_none(tiny_path):
+    """`upstream.trace.decisions`: under PR #53059's hunk the resumed recompute's last chunk is a FULL
+    replay the builder did not stage: it reads the rows the last decode staged (the blocks the request
+    held before its preemption), not its own; under the V2 runner's decisions the same stream has none."""
+    from repro.upstream.trace import decisions, first_inconsistent
+    steps = case_steps(Case("chain", "full_and_piecewise", control=Control("vllm")), RESUMED)
+    found = {}
+    for source, patches in (("vllm", (PR53059,)), ("vllm-v2", ())):
+        with _paths(source, tiny_path, patches=patches) as paths:
+            path = paths.graph(FULL, None, 2, RESUMED.num_slots, RESUMED.max_tokens, "cpu", 0, 0)
+            found[source] = first_inconsistent(decisions(path, steps))
+    bad = found["vllm"]
+    assert bad["step"] == TAIL and bad["runtime"] == "FULL" and not bad["staged"]
+    assert bad["requests"][0]["phase"] == "recompute past its prompt" and bad["builder"]["num_prefills"] == 1
+    before = next(e for e in reversed(steps[:TAIL]) if e.query_lens == [3] and e.computed()[0] >= e.prompts()[0])
+    assert bad["graph_reads"] == [before.block_rows()[0][:3]] and bad["own_rows"] != bad["graph_reads"]
+    assert found["vllm-v2"] is None
+
+
+@pytest.mark.slow
+def test_the_upstream_report_and_its_script_need_only_torch_and_vllm(model, tmp_path):
+    """`repro report` of the finding: REPORT.md names the inconsistent step and the functions; the
+    script, run here in a fresh interpreter, exits 1 under PR #53059's hunk and 0 under the V2 rule."""
+    from repro.report.upstream import SCRIPT, write_upstream_report
+    from repro.scheduler.sequence import request_json
+    from repro.upstream.paths import control_json
+    ctl = Control("vllm", (PR53059,))
+    case = Case("chain", "full_and_piecewise", spec_tokens=2, control=ctl)
+    minimal = {**{k: v for k, v in RESUMED.to_json().items() if k != "steps"}, "max_steps": TAIL + 1,
+               "requests": [request_json(r, ("accept",)) for r in RESUMED.requests]}
+    r = run_case(model, make_provider("cpu"), case, Sequence.from_json(minimal))
+    assert r.detected and r.failure.step == TAIL
+    doc = {"device": "cpu", "graph_provider": "cpu-tape", "checkpoint": str(model.path), "kernel_sentinel": 0,
+           "stack": "fixed", **control_json(ctl), "spec_tokens": 2, "minimal_sequence": minimal,
+           "results": [r.to_json()], "command": "repro hunt --control vllm --patch patches/vllm_pr53059.py"}
+    written = write_upstream_report(doc, tmp_path / "rep")
+    assert {"REPORT.md", SCRIPT, "decisions.json", "sequence.json", "result.json"} <= set(written)
+    md = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert md.startswith("# vLLM PR #53059: a preempted request's recompute")
+    assert f"| {TAIL} | 0: 3," in md and "**inconsistent**" in md and "GPUModelRunner._is_uniform_decode" in md
+    assert "Run here with `--rule pr53059`: exit 1" in md and "Run here with `--rule v2`: exit 0" in md

@@ -20,6 +20,7 @@ from ..graphs import make_provider
 from ..io import cache_dir, check_output_file, emit, prepare_output_dir, write_json
 from ..islands import Model, check_island
 from ..job.cases import Case, check_knobs, run_case
+from ..job.steps import case_steps
 from ..knobs import hazards as hz
 from ..model.tiny import default_checkpoint
 from ..progress import for_cases
@@ -252,8 +253,10 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
                "max_tokens": seq.max_tokens, "vocab": seq.vocab, "seed": seq.seed, "spec_tokens": seq.spec_tokens,
                "data_parallel": seq.data_parallel, "tail_dummies": seq.tail_dummies,
                **({"block_size": seq.block_size} if seq.block_size else {}),
-               "steps": [b.to_json() for b in seq.batches(None if eff == 0 else range(seq.num_slots))]}
+               "steps": [b.to_json() for b in case_steps(case, seq, None if eff == 0 else range(seq.num_slots))]}
     minimal = cut_after(minimal, div.step)
+    if o.ctl.upstream:  # vLLM's scheduler makes the steps again from the requests (its block ids are its pool's)
+        minimal = {**{k: v for k, v in minimal.items() if k != "steps"}, "max_steps": len(minimal["steps"])}
     cut = Sequence.from_json(minimal)
     result = run_case(model, provider, case, cut, sentinel=o.sentinel)
     doc = {"device": str(provider.device), "graph_provider": provider.name, "checkpoint": str(checkpoint),
@@ -271,7 +274,8 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
         doc["blame"] = blame_json(b)
         clock["blame_s"] = round(time.perf_counter() - t0, 2)
         lines = blame_lines(b, o.stack)
-    clock.update(minimal_steps=len(minimal["steps"]), first_divergence=div.line())
+    n_steps = minimal.get("max_steps") or len(minimal["steps"])
+    clock.update(minimal_steps=n_steps, first_divergence=div.line())
     write_json(save, doc, "--save")
     if o.json:
         write_json(o.json, doc)
@@ -279,7 +283,7 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
         emit(line)
     emit(json.dumps(minimal, indent=None))
     emit(f"first {'divergence' if div.step is not None else 'finding'}: {div.line()}")
-    emit(f"{len(seq.requests)} requests, {len(minimal['steps'])} steps; saved to {save}")
+    emit(f"{len(seq.requests)} requests, {n_steps} steps; saved to {save}")
     emit(f"replay: {replay_line(o, mode, save)}")
     print(f"hunt ({what}) found: {div.line()}", file=sys.stderr)
     return 1, doc

@@ -190,8 +190,8 @@ def run_command(c: RunConfig) -> int:
     doc = {"command": c.command, "device": device_name(provider), "graph_provider": provider.name,
            "torch": torch.__version__, "checkpoint": str(path), "seed": None if c.sequence else c.seed or 0,
            "sentinel": c.sentinel, "layer": model.layer, "kernels": {op: registry.selected(op) for op in registry.ops()},
-           "plugins": registry.plugins(), "stack": c.stack, **control_json(ctl), "sequence": first.to_json(),
-           "results": [_row(r, sequence_for(r.case), first) for r in results]}
+           "plugins": registry.plugins(), "stack": c.stack, **control_json(ctl), "sequence": _seq(first, ctl),
+           "results": [_row(r, sequence_for(r.case), first, ctl) for r in results]}
     if c.json:
         write_json(c.json, doc)
     if report:
@@ -206,11 +206,20 @@ def run_command(c: RunConfig) -> int:
     return exit_code(results, explicit)
 
 
-def _row(r, seq: Sequence, first: Sequence) -> dict:
+def _seq(seq: Sequence, ctl: Control) -> dict:
+    """A sequence as a result records it: with the mirror's steps, or under a vLLM source without
+    them (vLLM's scheduler makes them again from the requests: `job.steps`), unless they were given."""
+    d = seq.to_json()
+    if ctl.upstream and not seq.steps:
+        del d["steps"]
+    return d
+
+
+def _row(r, seq: Sequence, first: Sequence, ctl: Control) -> dict:
     """A result row; one whose sequence is not the document's (other drafts, dummy steps) carries its own."""
     d = r.to_json()
     if seq is not first:
-        d["sequence"] = seq.to_json()
+        d["sequence"] = _seq(seq, ctl)
     return d
 
 

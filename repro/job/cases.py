@@ -18,6 +18,7 @@ from ..lockstep import run_lockstep, run_moe_lockstep
 from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
 from ..capture.control import paths_for
 from .results import Case, CaseResult
+from .steps import case_steps, copy_slots
 from .triggers import reached
 from ..scheduler.sequence import Request, Sequence
 
@@ -113,11 +114,11 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
         res = run_moe_lockstep(model, provider, seq.batches(), sizes=sizes or DEFAULT_SIZES)
     else:
         usable = None if copy_sentinel == 0 else range(seq.num_slots)
-        batches = seq.batches(usable)
+        batches = case_steps(case, seq, usable)
         if reference_every is None:  # a hazard both copies share needs the third copy at its own cadence
             reference_every = hz.reference_cadence(case.hazards, case.stack)
         every = default_every(provider.device) if reference_every is None else reference_every
-        spec, slots = getattr(seq, "spec_tokens", 0), seq.copy_slots()  # a block size's pool is larger
+        spec, slots = getattr(seq, "spec_tokens", 0), copy_slots(seq, batches)  # a block size's pool is larger
         asked = sizes  # under vLLM's control, None lets vLLM choose its own list
         sizes = sizes or default_capture_sizes(seq.num_slots, seq.max_tokens, spec)
         with paths_for(case.control, opts.control, model.path, case.block_size) as paths:

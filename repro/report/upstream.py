@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 from ..io import dumps, install_dir, staging_dir
+from ..job.results import Case
+from ..job.steps import case_steps
 from ..knobs.control import Control
 from ..knobs.modes import parse_mode
 from ..scheduler.sequence import Sequence
@@ -48,22 +50,25 @@ def control_of(doc: dict) -> Control:
 
 def stream_of(doc: dict) -> dict:
     """The request stream a report shows: a hunt's minimal sequence, or a run's sequence cut after the
-    first divergence of its first diverged row."""
+    first divergence of its first diverged row (vLLM's scheduler makes its steps from the requests)."""
     if doc.get("minimal_sequence"):
         return doc["minimal_sequence"]
     r = next((r for r in doc["results"] if r.get("diverged")), doc["results"][0])
     seq = r.get("sequence", doc["sequence"])
     step = (r.get("first_divergence") or {}).get("step")
-    return seq if step is None else {**seq, "steps": seq["steps"][:step + 1]}
+    return seq if step is None else {**seq, "max_steps": step + 1}
 
 
 def trace_of(doc: dict) -> tuple[list[dict], Sequence]:
-    """The decision trace of the result's request stream (`stream_of`) under its control source."""
+    """The decision trace of the result's request stream (`stream_of`) under its control source: the
+    steps vLLM's scheduler makes of it (or its recorded ones), through the case's runner path."""
     seq = Sequence.from_json(stream_of(doc))
     r = next((r for r in doc["results"] if r.get("diverged")), doc["results"][0])
-    with VllmPaths(control_of(doc), Path(doc["checkpoint"]), seq.block_size) as paths:
+    ctl = control_of(doc)
+    steps = case_steps(Case("chain", r["mode"], spec_tokens=seq.spec_tokens, control=ctl), seq)
+    with VllmPaths(ctl, Path(doc["checkpoint"]), seq.block_size) as paths:
         path = paths.graph(parse_mode(r["mode"]), None, seq.spec_tokens, seq.num_slots, seq.max_tokens, "cpu", 0, 0)
-        return decisions(path, seq.batches()), seq
+        return decisions(path, steps), seq
 
 
 def script_text(trace: list[dict], seq: Sequence, doc: dict) -> str:
