@@ -165,7 +165,7 @@ def test_the_resumed_recompute_replays_the_unstaged_full_graph_through_vllms_cod
 def test_an_idle_ranks_dummy_steps_run_on_vllms_decisions(model):
     """Dummy steps (`_dummy_run(1+k, uniform_decode=True)`): both runners commit (V1) or zero (V2) the
     rows they build from, so the FULL dummy replays of 0.33.0 leave the run clean."""
-    seq = default_sequence(3, 60, spec_tokens=2, data_parallel=True)
+    seq = default_sequence(3, 40, spec_tokens=2, data_parallel=True)
     assert any(b.dummy for b in seq.batches())
     provider = make_provider("cpu")
     for source in ("vllm", "vllm-v2"):
@@ -217,3 +217,23 @@ def test_the_upstream_report_and_its_script_need_only_torch_and_vllm(model, tmp_
     assert md.startswith("# vLLM PR #53059: a preempted request's recompute")
     assert f"| {TAIL} | 0: 3," in md and "**inconsistent**" in md and "GPUModelRunner._is_uniform_decode" in md
     assert "Run here with `--rule pr53059`: exit 1" in md and "Run here with `--rule v2`: exit 0" in md
+
+
+def test_the_v2_runners_dummy_run_restages_its_buffers_from_zeroed_rows(tiny_path):
+    """An idle rank's dummy step under the V2 runner (`_dummy_run(1, uniform_decode=True)`): one
+    request of 1+k tokens, uniform by construction, the FULL key of 1+k tokens; its metadata built for
+    capture over `get_dummy_block_tables`' zeroed rows re-stages the builder's buffers, so the replay
+    reads the null block, not the rows the last real decode staged (vLLM #49757, #37728)."""
+    seq = Sequence([Request(0, 2, 2), Request(1, 2, 2)], num_slots=4, max_tokens=16, spec_tokens=2)
+    dummy = StepBatch([], [], [], [], [], step=99, dummy=True)
+    with _paths("vllm-v2", tiny_path) as paths:
+        v2 = paths.graph(*_geometry(seq, 2))
+        decode = next(b for b in seq.batches() if b.query_lens == [3, 3])
+        runtime, desc = v2.dispatch(decode)
+        v2.metadata(decode, runtime, desc)
+        buf = v2.builder.builder.spec_state_indices_tensor
+        assert buf[:2].tolist() == [r[:3] for r in decode.block_rows()]
+        runtime, desc = v2.dispatch(dummy)
+        assert runtime is Runtime.FULL and (desc.num_tokens, desc.num_reqs, desc.uniform) == (3, 1, True)
+        v2.dummy(desc)
+        assert buf[:desc.num_reqs].tolist() == [[0, 0, 0]]
