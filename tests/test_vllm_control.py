@@ -237,3 +237,24 @@ def test_the_v2_runners_dummy_run_restages_its_buffers_from_zeroed_rows(tiny_pat
         assert runtime is Runtime.FULL and (desc.num_tokens, desc.num_reqs, desc.uniform) == (3, 1, True)
         v2.dummy(desc)
         assert buf[:desc.num_reqs].tolist() == [[0, 0, 0]]
+
+
+@pytest.mark.parametrize("k, block, dp", [(2, None, False), (2, 4, False), (2, None, True)])
+def test_the_persistent_batch_the_path_keeps_is_the_one_vllms_scheduler_rows_show(tiny_path, k, block, dp):
+    """The path's `_update_states` (from the steps) and the scheduler seam's (`rows.Rows`, from vLLM's
+    `SchedulerOutput`) are two rebuilds of one function: on vLLM's steps they hold the same requests
+    in the same rows, with the same computed counts and block-table rows."""
+    seq = default_sequence(3 if dp else 0, 60, spec_tokens=k, block_size=block, data_parallel=dp)
+    steps = case_steps(Case("chain", "full_and_piecewise", control=Control("vllm")), seq)
+    with _paths("vllm", tiny_path, block) as paths:
+        v1 = paths.graph(*_geometry(seq, k))
+        for b in steps:
+            v1.update(b)
+            if b.dummy:
+                assert v1.batch.num_reqs == 0
+                continue
+            assert list(v1.batch.req_ids) == [str(r) for r in b.request_ids], b.step
+            rows = [v1.batch.req_id_to_index[str(r)] for r in b.request_ids]
+            assert v1.batch.num_computed_tokens_cpu[rows].tolist() == b.computed(), b.step
+            width = max(len(r) for r in b.block_rows())
+            assert v1.ib.table[rows, :width].tolist() == [r + [0] * (width - len(r)) for r in b.block_rows()], b.step

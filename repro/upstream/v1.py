@@ -101,6 +101,9 @@ class V1Path:
     def update(self, batch) -> None:
         """`_update_states` (module docstring). A request in `batch.finished` that is scheduled again
         was preempted: vLLM resumes it (`resumed_req_ids`: removed, its block ids replaced, added).
+        New requests are added first, in the order the scheduler admitted them (`scheduled_new_reqs`:
+        first come first served; a step does not say it, and the suite's requests are numbered in
+        arrival order), then the cached ones it re-adds, in the step's order.
         A dummy step schedules nothing: before an idle rank's `execute_dummy_batch`, its engine ran
         `execute_model` on the empty schedule that delivers the finished requests
         (`EngineCore.step` runs while `scheduler.has_requests()`, finished ones included), and
@@ -110,12 +113,16 @@ class V1Path:
         resumed = set(map(str, batch.finished)) & set(scheduled)
         for rid in [r for r in ib.req_id_to_index if r not in scheduled or r in resumed]:
             ib.remove_request(rid)  # finished, preempted or unscheduled (`unscheduled_req_ids`)
-        add = []
+        fresh, add = [], []  # vLLM adds `scheduled_new_reqs` first, then the cached requests it re-adds
         for rid, blocks, computed, prompt, prefill in zip(scheduled, batch.block_rows(), batch.computed(),
                                                           batch.prompts(), batch.prefills()):
             blocks = [int(b) for b in blocks]
             state = self.requests.get(rid)
-            if state is None or rid in resumed:  # `scheduled_new_reqs`, or resumed: its block ids replaced
+            if state is None:  # `scheduled_new_reqs`
+                state = self.requests[rid] = self._state(rid, prompt, prefill, computed, blocks)
+                fresh.append(state)
+                continue
+            if rid in resumed:  # resumed from preemption: its block ids replaced
                 state = self.requests[rid] = self._state(rid, prompt, prefill, computed, blocks)
                 add.append(state)
                 continue
@@ -132,7 +139,8 @@ class V1Path:
                 ib.block_table.append_row((new,), idx)
             elif new is None:  # the suite's scheduler nulled a retired column: the row as the copies read it
                 ib.block_table.add_row((blocks,), idx)
-        for state in add:
+        fresh.sort(key=lambda st: int(st.req_id))  # the scheduler admits in arrival order: the suite's ids
+        for state in fresh + add:
             ib.add_request(state)
         ib.condense()
         if self.threshold is not None:  # `_may_reorder_batch`
