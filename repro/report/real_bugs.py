@@ -40,7 +40,13 @@ FOUND_HERE = (
      "Found by `repro hunt --stack fixed --profile soak --spec-tokens 2 --mode full_and_piecewise` on the CPU while "
      "the fixed stack used PR #53059's form: 4 requests, 7 steps (request 7, prompt 8, preempted after 3 decodes, "
      "recomputed in chunks of 7, 7 and 3), first divergence step 6 `gdn_core.core_out`; stated by "
-     "`tests/test_resumed_recompute.py`. Not run against vLLM itself."),
+     "`tests/test_resumed_recompute.py`. Shown through vLLM 0.33.0's own scheduler and V1 runner decisions with "
+     "PR #53059's hunk applied (`--control vllm --patch patches/vllm_pr53059.py`): one request of prompt 2, "
+     "preempted after one decode that kept 3 tokens, resumed by vLLM in chunks of the budget of 3; the last chunk "
+     "replays the FULL graph, which reads the rows the request's last decode staged before its preemption; the "
+     "same with PR #47123's hunk, and clean under the V2 runner's decisions (`tests/test_vllm_control.py`). "
+     "`repro report` of that finding writes the upstream report, with a script that needs only torch and vLLM "
+     "0.33.0 (exit 1; 0 with the V2 rule)."),
 )
 
 CHANGED_IN_034 = (
