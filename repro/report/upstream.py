@@ -56,7 +56,9 @@ def stream_of(doc: dict) -> dict:
     r = next((r for r in doc["results"] if r.get("diverged")), doc["results"][0])
     seq = r.get("sequence", doc["sequence"])
     step = (r.get("first_divergence") or {}).get("step")
-    return seq if step is None else {**seq, "max_steps": step + 1}
+    if step is None:
+        return seq
+    return {**seq, "steps": seq["steps"][:step + 1]} if seq.get("steps") else {**seq, "max_steps": step + 1}
 
 
 def trace_of(doc: dict) -> tuple[list[dict], Sequence]:
@@ -135,9 +137,9 @@ def markdown(doc: dict, trace: list[dict], verified: dict) -> str:
     about = next((p["title"].split(":")[0] for p in patches), "vLLM's V1 model runner")
     seq = stream_of(doc)
     lines = [f"# {about}: {_kind(bad)}", "",
-             f"Found by this suite's blind search over vLLM {doc.get('vllm')}'s own control code on a CPU "
-             f"(`{doc.get('command', 'repro hunt')}`), with {applied}. K = {seq['spec_tokens']} draft tokens a "
-             f"decode, graph mode {doc['results'][0]['mode'].upper()}.", ""]
+             f"The request stream of `{doc.get('command', 'repro hunt')}`, run through vLLM {doc.get('vllm')}'s own "
+             f"control code on a CPU (this suite's `--control {ctl.source}`), with {applied}. "
+             f"K = {seq['spec_tokens']} draft tokens a decode, graph mode {doc['results'][0]['mode'].upper()}.", ""]
     if bad is not None:
         lines += [f"At step {bad['step']} the dispatcher replays the FULL decode graph ({bad['key']}), but the GDN "
                   "metadata builder classes the batch as holding a prefill and does not stage its rows: the graph "
