@@ -258,3 +258,27 @@ def test_the_persistent_batch_the_path_keeps_is_the_one_vllms_scheduler_rows_sho
             assert v1.batch.num_computed_tokens_cpu[rows].tolist() == b.computed(), b.step
             width = max(len(r) for r in b.block_rows())
             assert v1.ib.table[rows, :width].tolist() == [r + [0] * (width - len(r)) for r in b.block_rows()], b.step
+
+
+@pytest.mark.slow
+def test_a_blind_hunt_on_vllm_finds_53051_and_names_the_patches_that_clear_it(tmp_path):
+    """`repro hunt --control vllm --spec-tokens 2` (no patch, no hazard): vLLM 0.33.0's V1 runner as
+    released; the minimal finding is a prompt of 1+K tokens (vLLM #53051), cleared by PR #53059's and
+    PR #47123's hunks, made loud by PR #55123's, and clear under the V2 runner's decisions."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    save = tmp_path / "h.json"
+    out = subprocess.run([sys.executable, "-m", "repro", "hunt", "--control", "vllm", "--spec-tokens", "2",
+                          "--device", "cpu", "--max-examples", "30", "--save", str(save)],
+                         capture_output=True, text=True, cwd=root, timeout=1800)
+    assert out.returncode == 1, out.stderr[-2000:]
+    doc = json.loads(save.read_text())
+    assert doc["minimal_sequence"]["requests"] == [
+        {"rid": 0, "prompt_len": 3, "decode_steps": 0, "arrive": 0, "preempt_after": None, "accept": None}]
+    blame = doc["blame"]
+    assert {Path(p).stem for p in blame["patches"]["clears"]} == {"vllm_pr53059", "vllm_pr47123"}
+    assert [Path(p).stem for p in blame["patches"]["loud"]] == ["vllm_pr55123"] and blame["v2_clears"]
+    assert "vllm_pr53059 clears it: vLLM PR #53059" in out.stdout
