@@ -68,9 +68,9 @@ class ReferenceCopy:
     the steps it checks; `intact()` its weights unchanged since load. Memory: one more copy of the
     layer's weights and state cache, for the length of a case."""
 
-    def __init__(self, copy: LayerCopy, every: int, paths=None):
+    def __init__(self, copy: LayerCopy, every: int):
         self.copy, self.every = copy, every
-        self.eager = EagerRunner(copy, paths=paths)  # `paths`: the case's control path (None: the mirror's)
+        self.eager = EagerRunner(copy)  # the fixed rules, whatever the case's control path
         self.runs = 0
         self._weights = copy_weights(copy)
         self._digest = _digest(self._weights)

@@ -122,7 +122,9 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
         asked = sizes  # under vLLM's control, None lets vLLM choose its own list
         sizes = sizes or default_capture_sizes(seq.num_slots, seq.max_tokens, spec)
         with paths_for(case.control, opts.control, model.path, case.block_size) as paths:
-            ref = ReferenceCopy(independent_copy(model, slots, copy_sentinel, spec), every, paths) if every > 0 else None
+            # the third copy keeps the fixed rules of the mirror: independent of the rules under test (the
+            # case's, or vLLM's own), it sees a fault both copies share (`check.reference_copy`)
+            ref = ReferenceCopy(independent_copy(model, slots, copy_sentinel, spec), every) if every > 0 else None
             res = run_lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=copy_sentinel, spec_tokens=spec),
                                provider, batches, mode=case.mode, opts=opts,
                                sizes=asked if case.control.upstream else sizes, trace=trace, progress=progress,
