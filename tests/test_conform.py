@@ -9,10 +9,10 @@ import pytest
 from repro.cli.app import main
 from repro.knobs.stacks import stack
 from repro.upstream import load as upstream
-from repro.upstream.compare import builder as builder_family
-from repro.upstream.compare.explain import EXPLAINED, ONLY_IN
-from repro.upstream.compare.inputs import draw, sequences_st
-from repro.upstream.compare.run import CLAIMS, Budget, builder_pairs, conform
+from repro.conform import builder as builder_family
+from repro.conform.explain import EXPLAINED, ONLY_IN
+from repro.conform.inputs import draw, sequences_st
+from repro.conform.run import CLAIMS, Budget, builder_pairs, conform
 
 MISSING = upstream.why_not()
 pytestmark = [pytest.mark.conformance, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]

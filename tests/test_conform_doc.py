@@ -8,9 +8,9 @@ from pathlib import Path
 
 from repro.knobs.modes import Runtime
 from repro.knobs.stacks import STACKS
-from repro.upstream.compare.explain import EXPLAINED, NOT_RUN
-from repro.upstream.compare.result import RuleResult
-from repro.upstream.compare.table import markdown, text
+from repro.conform.explain import EXPLAINED, NOT_RUN
+from repro.conform.result import RuleResult
+from repro.conform.table import markdown, text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = sorted((ROOT / "docs" / "conformance").glob("*.json"))

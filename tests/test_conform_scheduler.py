@@ -1,4 +1,4 @@
-"""The scheduler family of `repro conform` (`repro/upstream/compare/scheduler.py`): vLLM's V1
+"""The scheduler family of `repro conform` (`repro/conform/scheduler.py`): vLLM's V1
 scheduler and the mirror's on the same request streams, drawn from the suite's strategies, step by
 step; a mirror with one rule reverted differs, so the comparison can fail. Needs vLLM."""
 import pytest
@@ -6,8 +6,8 @@ import pytest
 from repro.scheduler import scheduler as mirror
 from repro.scheduler.sequence import Request, Sequence
 from repro.upstream import load as upstream
-from repro.upstream.compare import scheduler as family
-from repro.upstream.compare.inputs import draw, sequences_st
+from repro.conform import scheduler as family
+from repro.conform.inputs import draw, sequences_st
 from repro.search.strategies import sequences
 
 MISSING = upstream.why_not()

@@ -283,7 +283,7 @@ def test_a_spec_only_batch_carries_its_token_map_as_vllm_builds_it():
     """`GDNAttentionMetadataBuilder.build`'s spec-only branch: spec_token_indx =
     arange(min(num_spec_decodes * (1+k), tokens)) (the XPU kernel reads it; the CUDA path does not),
     staged into the persistent buffer for a FULL graph; a short row leaves it shorter."""
-    b = GDNMetadataBuilder(K, 4, "cpu", full_graphs=True, pad=0)
+    b = GDNMetadataBuilder(K, 6, "cpu", full_graphs=True, pad=0)  # decode_cudagraph_max_bs 6: the 6 tokens fit
     meta = b.build(_common([3, 3, 0], [5, 6, 0], [2, 2, 0], [2, 2, -1], [1, 3, 1], [[1, 2, 3], [4, 5, 6], [0] * 3], 6))
     assert meta.spec_token_indx.tolist() == list(range(6))
     assert meta.spec_token_indx.data_ptr() == b.spec_token_indx.data_ptr()  # the persistent buffer

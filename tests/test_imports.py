@@ -87,7 +87,7 @@ LAYERS = (
     ("repro.job",),
     ("repro.comm",),
     ("repro.search",),
-    ("repro.upstream.compare",),  # the conformance run: the suite's strategies through both
+    ("repro.conform",),  # the conformance run: the suite's strategies through both
     ("repro.report",),
     ("repro.bench",),
     ("repro.commands",),  # each command's config and function: composes the library, never imported by it

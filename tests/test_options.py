@@ -143,7 +143,7 @@ def test_pad_rows_carry_what_the_pad_option_names(model, pad, want):
     for b in (step([1, 2, 3, 4]), step([1, 2])):
         runner.step(b)
     assert runner.last[1].num_reqs == 4
-    assert runner.builder.non_spec_state_indices[2:4].tolist() == want
+    assert runner.path.builder.non_spec_state_indices[2:4].tolist() == want
     assert runner.pad_state_indices(step([1, 2])) == want
 
 

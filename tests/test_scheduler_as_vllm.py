@@ -1,5 +1,5 @@
 """Rules of vLLM 0.33.0's V1 scheduler that running it beside the mirror showed (`repro conform`'s
-scheduler family, `repro/upstream/compare/scheduler.py`), each stated here on the mirror alone: the
+scheduler family, `repro/conform/scheduler.py`), each stated here on the mirror alone: the
 streams are those whose steps vLLM's own `Scheduler` makes (`tests/test_vllm_schedule.py` runs it)."""
 from repro.scheduler.prefix import aligned_chunk
 from repro.scheduler.sequence import Request, Sequence

@@ -37,7 +37,7 @@ def test_sizes_1_2_4_8_at_k2_with_8_sequences_stage_at_most_6_tokens(model):
     rows, where a mirror sized max(max_num_seqs, largest size) rows would have staged it."""
     runner = GraphRunner(model.copy(num_slots=8, spec_tokens=2), make_provider("cpu"), mode="full_and_piecewise",
                          sizes=(1, 2, 4, 8), max_num_seqs=8)
-    b = runner.builder
+    b = runner.path.builder
     assert runner.sizes == (3, 6) and b.max_rows == 6
     two = b.build(spec_rows([[1, 2, 3], [4, 5, 6]]))
     assert two.spec_state_indices.data_ptr() == b.spec_state_indices.data_ptr()  # staged: a view of the buffer
@@ -53,7 +53,7 @@ def test_with_vllms_default_sizes_the_limit_is_the_largest_rounded_size(model, s
     spec rows are staged and 20 are not; 256 sequences and 8192 tokens: 504, 168 rows."""
     runner = GraphRunner(model.copy(num_slots=4, spec_tokens=2), make_provider("cpu"), mode="full_and_piecewise",
                          max_tokens=budget, max_num_seqs=seqs)
-    b = runner.builder
+    b = runner.path.builder
     assert b.max_rows == max(runner.sizes) == 3 * rows
     blocks = [[3 * i + 1, 3 * i + 2, 3 * i + 3] for i in range(rows + 1)]
     assert b.build(spec_rows(blocks[:rows])).spec_state_indices.data_ptr() == b.spec_state_indices.data_ptr()

@@ -8,5 +8,5 @@ import sys
 
 if __name__ == "__main__":
     sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
-    from repro.upstream.compare.table import markdown
+    from repro.conform.table import markdown
     sys.stdout.write(markdown([json.load(open(p)) for p in sys.argv[1:]]))

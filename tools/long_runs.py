@@ -12,7 +12,10 @@ A baseline row at K > 0 draws spec decodes with seeded acceptance and 1+K-token 
 with a block size (`--block-sizes`) runs prefix caching, with prompts near multiples of the block
 and shared prefixes (prefix hits); `--dp`
 adds an idle data-parallel rank's dummy steps to the baselines. A repair row runs the sequence its
-hazard needs (its K, its dummy steps: `repro.job.cases.sequence_needs`).
+hazard needs (its K, its dummy steps: `repro.job.cases.sequence_needs`). `--control vllm` or
+`vllm-v2` (and `--patch FILE`) runs the baselines on the installed vLLM's own scheduler and runner
+decisions (`repro.knobs.control`; needs vLLM: `tox -e vllm033`), with no repair rows (the record's
+hazards are control rules, which vLLM's code decides there).
 """
 from __future__ import annotations
 
@@ -27,7 +30,10 @@ from repro.knobs.modes import MODES, mode_name
 from repro.graphs import make_provider
 from repro.islands import Model
 from repro.job.cases import Case, case_sequence, run_case, sequence_needs
+from repro.job.steps import case_steps
 from repro.knobs import hazards as hz
+from repro.knobs.control import Control
+from repro.upstream.paths import ready
 
 
 @dataclass
@@ -51,13 +57,15 @@ class Row:
         return self.clean if self.expect == "clean" else self.failure is not None
 
 
-def cases(ks, modes, dp: bool, repairs: bool, block_sizes=(), plain: bool = True) -> list[Case]:
+def cases(ks, modes, dp: bool, repairs: bool, block_sizes=(), plain: bool = True,
+          control: Control = Control()) -> list[Case]:
     """Baselines at each K and mode (`plain`), then with prefix caching at each block size wider
-    than K (`check_block_size`), then each record hazard under each repair."""
-    out = [Case("chain", m, spec_tokens=k, data_parallel=dp) for k in ks for m in modes] if plain else []
-    out += [Case("chain", m, spec_tokens=k, data_parallel=dp, block_size=b)
+    than K (`check_block_size`), then each record hazard under each repair (not under a vLLM control
+    source)."""
+    out = [Case("chain", m, spec_tokens=k, data_parallel=dp, control=control) for k in ks for m in modes] if plain else []
+    out += [Case("chain", m, spec_tokens=k, data_parallel=dp, block_size=b, control=control)
             for b in block_sizes for k in ks if k < b for m in modes]
-    if repairs:
+    if repairs and not control.upstream:
         for h in hz.HAZARDS.values():
             if not h.record or "chain" not in h.islands:
                 continue
@@ -79,7 +87,9 @@ def run(model, provider, case: Case, steps: int, seed: int) -> Row:
     what = " + ".join(case.hazards + case.repairs) or "baseline"
     if case.block_size:
         what += f" block {case.block_size}"
-    return Row(what, case.mode, case.spec_tokens, case.data_parallel, r.steps, len(seq.batches()), failure,
+    if case.control.upstream:
+        what += f" on {case.control.label()}"
+    return Row(what, case.mode, case.spec_tokens, case.data_parallel, r.steps, len(case_steps(case, seq)), failure,
                time.perf_counter() - t0, hz.expectation(case.hazards, case.repairs))
 
 
@@ -108,9 +118,14 @@ def main(argv=None) -> int:
     ap.add_argument("--no-repairs", action="store_true", help="baselines only")
     ap.add_argument("--no-baselines", action="store_true",
                     help="no baselines without a block size (the repair rows, and those of --block-sizes)")
+    ap.add_argument("--control", default="mirror", choices=["mirror", "vllm", "vllm-v2"],
+                    help="where the control decisions come from (repro run --control)")
+    ap.add_argument("--patch", action="append", default=[], help="a patch file for vLLM (repro run --patch)")
     ap.add_argument("--shard", default="0/1", help="I/N: run rows I, I+N, ... of the plan (N processes share a "
                     "machine whose steps are host-bound)")
     a = ap.parse_args(argv)
+    control = Control(a.control, tuple(a.patch))
+    ready(control)
     sel = {} if a.kernels == "default" else dict(kv.split("=") for kv in a.kernels.split(","))
     provider = make_provider(a.device)
     model = Model(checkpoint_for(a.preset, provider.device), provider.device)
@@ -118,9 +133,9 @@ def main(argv=None) -> int:
     modes = list(dict.fromkeys(mode_name(m) for m in a.modes.split(",")))
     i, n = (int(x) for x in a.shard.split("/"))
     blocks = [int(b) for b in a.block_sizes.split(",") if b]
-    todo = cases(ks, modes, a.dp, not a.no_repairs, blocks, plain=not a.no_baselines)[i::n]
+    todo = cases(ks, modes, a.dp, not a.no_repairs, blocks, plain=not a.no_baselines, control=control)[i::n]
     print(f"# {len(todo)} runs of {a.steps} steps, seed {a.seed}, {a.preset}, kernels {a.kernels}, "
-          f"{provider.name} on {provider.device}", flush=True)
+          f"{provider.name} on {provider.device}, control {control.label()}", flush=True)
     bad = 0
     t0 = time.perf_counter()
     with registry.using(**sel):

@@ -15,6 +15,16 @@ import torch
 from ..knobs.options import Pad
 
 
+def pad_value(pad: Pad, sentinel: int) -> int | None:
+    """The state index a padded row carries: the kernel's `sentinel`, the other one (`Pad.OTHER`),
+    or None (`Pad.STALE`: whatever the last step left)."""
+    if pad is Pad.STALE:
+        return None
+    if pad is Pad.OTHER:
+        return 0 if sentinel != 0 else -1
+    return sentinel
+
+
 class StaticInputs:
     """Token ids, `rows` long, on `device`, for kernels that skip the state index `sentinel`."""
 
@@ -23,13 +33,7 @@ class StaticInputs:
         self.input_ids = torch.zeros(rows, dtype=torch.long, device=device)
 
     def pad_value(self, pad: Pad) -> int | None:
-        """The state index a padded row carries: the kernel's sentinel, the other one (`Pad.OTHER`),
-        or None (`Pad.STALE`: whatever the last step left)."""
-        if pad is Pad.STALE:
-            return None
-        if pad is Pad.OTHER:
-            return 0 if self.sentinel != 0 else -1
-        return self.sentinel
+        return pad_value(pad, self.sentinel)
 
     def fill(self, n: int, size: int, ids: torch.Tensor, pad: Pad) -> None:
         """The live rows from this step's token ids; rows n..size zero (`Pad.STALE`: untouched)."""

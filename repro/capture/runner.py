@@ -1,11 +1,14 @@
 """Eager and graph runners over one copy of a GDN layer's islands, mirroring vLLM's V1 runner
 (`vllm/v1/worker/gpu_model_runner.py: GPUModelRunner`) on one step:
 
-1. `_update_states`: finished requests leave their rows, new ones take rows (`control.input_batch`);
-2. the uniform-decode decision and the dispatcher (`control.dispatch`) pick the step's runtime mode
-   (NONE, PIECEWISE, FULL) and graph key, padded to a capture size;
-3. the block table is committed and the GDN metadata builder (`control.builder`) builds the step's
-   metadata, staging its persistent buffers where its decode branches say so;
+Steps 1-3 are the control path's (`control.py`: the mirror's rules, or the installed vLLM's own code
+through the seam); the runner asks it and runs the islands on what it answers.
+
+1. `_update_states`: finished requests leave their rows, new ones take rows;
+2. the uniform-decode decision and the dispatcher pick the step's runtime mode (NONE, PIECEWISE,
+   FULL) and graph key, padded to a capture size;
+3. the block table is committed and the GDN metadata builder builds the step's metadata, staging
+   its persistent buffers where its decode branches say so;
 4. the model runs: a FULL graph replays the whole decode chain over those buffers; PIECEWISE
    replays graph 0 (submod0) and graph 1 (submod1) with the GDN core eager between them on the
    step's metadata; NONE runs the chain eagerly at the step's own size.
@@ -26,14 +29,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import torch
 
 from ..control.batch import StepBatch, StepInputs
-from ..control.builder import Common, GDNMetadataBuilder, common_for, staging_rows
-from ..control.dispatch import (DEFAULT_SIZES, BatchDescriptor, Dispatcher, configured_sizes, prefilling,
-                                uniform_decode)
-from ..control.input_batch import InputBatch
+from ..control.dispatch import DEFAULT_SIZES, BatchDescriptor
 from ..knobs.modes import GraphMode, Runtime, parse_mode
 from ..control.prefix import copy_states, forward_copies
 from ..errors import ReplayRefused
@@ -41,22 +40,12 @@ from ..graphs.lint import LintSchedule
 from ..islands.gdn import Submod0, Submod1
 from ..islands.layer import LayerCopy, collect
 from ..knobs.options import ControlRules, RunnerOptions
-from .buffers import StaticInputs
+from .buffers import StaticInputs, pad_value
 from .chain import Captured, ChainCapture
+from .control import MirrorPaths
 from .finding import Finding, Notes
 from .piece import Graph, IslandRunner, OverIslandRunner
 from .replay import Replayer
-
-
-def block_rows(batch: StepBatch, width: int, null: int) -> np.ndarray:
-    """Each request's state blocks as block-table rows at least `width` wide (missing columns:
-    `null`); as wide as the longest row with a block size."""
-    if batch.block_size is not None:
-        width = max([width] + [len(b) for b in batch.block_rows()])
-    rows = np.full((batch.num_reqs, width), null, dtype=np.int32)
-    for i, b in enumerate(batch.block_rows()):
-        rows[i, :min(width, len(b))] = b[:width]
-    return rows
 
 
 def preprocess(copy: LayerCopy, batch: StepBatch) -> list[int]:
@@ -72,15 +61,15 @@ def preprocess(copy: LayerCopy, batch: StepBatch) -> list[int]:
 
 class EagerRunner:
     """The reference: every island eager, exact shapes, no padding, metadata built afresh each step
-    (no persistent buffers: the builder of a runner with no FULL graph never stages)."""
+    (no persistent buffers: the builder of a runner with no FULL graph never stages). `path`: where
+    the metadata comes from (`paths.eager`, `control.py`; None: the mirror's, under `rules`)."""
 
-    def __init__(self, copy: LayerCopy, rules: ControlRules = ControlRules()):
+    def __init__(self, copy: LayerCopy, rules: ControlRules = ControlRules(), paths=None):
         self.copy, self.k = copy, copy.spec_tokens
-        self.builder = GDNMetadataBuilder(self.k, 1, copy.device, full_graphs=False, pad=None, rules=rules)
+        self.path = (paths if paths is not None else MirrorPaths(rules)).eager(self.k, copy.device, copy.cache.sentinel)
 
     def meta(self, batch: StepBatch, accepted: list[int] | None = None):
-        return self.builder.build(common_for(batch, block_rows(batch, 1 + self.k, self.copy.cache.sentinel),
-                                             accepted=accepted, rules=self.builder.rules))
+        return self.path.metadata(batch, accepted)
 
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
         if batch.dummy:  # no metadata: the GDN layer treats the call as a warm-up, no state changes
@@ -100,29 +89,23 @@ class EagerRunner:
 class GraphRunner:
     """The replay copy's runner (module docstring). `mode`: a vLLM graph mode (`knobs.modes`,
     resolved for GDN); `opts` (from `hazards.options_for`) says how it pads, holds, copies, pools,
-    replays and reads back, `rules` how its control path decides; nothing here reads a hazard's
-    name. Its parts: the persistent batch (`InputBatch`), the dispatcher, the metadata builder, the
-    persistent inputs (`StaticInputs`), the capture of each key (`ChainCapture`) and the replay and
-    host read (`Replayer`). `sizes`: the capture list asked for (sizes above the step budget
-    `max_tokens` dropped, as vLLM drops them); None: vLLM's default list for `max_num_seqs` requests
-    and that budget (`configured_sizes`)."""
+    replays and reads back; nothing here reads a hazard's name. Its parts: the control path
+    (`self.path`, from `paths`: the persistent batch, the dispatcher, the metadata builder; None: the
+    mirror's under `rules`, `control.MirrorPaths`), the persistent inputs (`StaticInputs`), the
+    capture of each key (`ChainCapture`) and the replay and host read (`Replayer`). `sizes`: the
+    capture list asked for; None: the path's default (vLLM's default list for `max_num_seqs` requests
+    and a step budget of `max_tokens`)."""
 
     def __init__(self, copy: LayerCopy, provider, mode: str | GraphMode = "piecewise", sizes=None,
                  opts: RunnerOptions = RunnerOptions(), max_tokens: int = 64, stream=None,
-                 rules: ControlRules = ControlRules(), max_num_seqs: int = 8):
+                 rules: ControlRules = ControlRules(), max_num_seqs: int = 8, paths=None):
         self.copy, self.provider, self.opts, self.rules = copy, provider, opts, rules
-        self.mode = mode if isinstance(mode, GraphMode) else parse_mode(mode)
         self.k, self.sentinel = copy.spec_tokens, copy.cache.sentinel
-        sizes = configured_sizes(sizes, max_num_seqs, max_tokens, self.k, rules.decode_capture_sizes)
-        self.dispatcher = Dispatcher(self.mode, sizes, self.k, max_num_seqs)
-        self.sizes = self.dispatcher.sizes
-        top = max(self.sizes, default=1)
-        rows = max(max_num_seqs, top)
-        self.input_batch = InputBatch(rows, 1 + self.k, self.sentinel, rules)
-        self.inputs = StaticInputs(max(max_tokens, top), copy.device, self.sentinel)
-        self.builder = GDNMetadataBuilder(self.k, staging_rows(max_num_seqs, self.sizes, self.k), copy.device,
-                                          full_graphs=self.mode.has(Runtime.FULL), pad=self.inputs.pad_value(opts.pad),
-                                          rules=rules)
+        self.paths = paths if paths is not None else MirrorPaths(rules)
+        self.path = self.paths.graph(parse_mode(mode) if isinstance(mode, str) else mode, sizes, self.k, max_num_seqs,
+                                max_tokens, copy.device, self.sentinel, pad_value(opts.pad, self.sentinel))
+        self.mode, self.sizes = self.path.mode, self.path.sizes
+        self.inputs = StaticInputs(max(max_tokens, max(self.sizes, default=1)), copy.device, self.sentinel)
         self.pool = provider.new_pool("shared")
         self.captured: dict[BatchDescriptor, Captured] = {}
         self.notes = Notes()
@@ -151,14 +134,10 @@ class GraphRunner:
         """What the runner noted, then what the race amplifier forced (read from the device here)."""
         return self.notes.items + self.player.findings()
 
-    # ---- the control path -------------------------------------------------------------------
+    # ---- the control path (`self.path`: `control.py`) ------------------------------------------
     def dispatch(self, batch: StepBatch) -> tuple[Runtime, BatchDescriptor]:
         """The step's runtime mode and graph key (`_determine_batch_execution_and_padding`)."""
-        if batch.dummy:  # `_dummy_run(1+k, uniform_decode=True)`: the uniform flag is forced
-            return self.dispatcher.dispatch(1 + self.k, True)
-        rule = self.rules.uniform_decode
-        uniform = uniform_decode(rule, batch.query_lens, prefilling(rule, batch), self.k)
-        return self.dispatcher.dispatch(batch.num_tokens, uniform)
+        return self.path.dispatch(batch)
 
     def graphable(self, batch: StepBatch) -> int | None:
         """The token count this step replays at; None: it runs eagerly."""
@@ -166,25 +145,11 @@ class GraphRunner:
         return None if runtime is Runtime.NONE else desc.num_tokens
 
     def _update_states(self, batch: StepBatch) -> None:
-        self.input_batch.update(list(zip(batch.request_ids, batch.block_rows())), batch.block_size is not None,
-                                set(batch.finished))
+        self.path.update(batch)
 
     def _metadata(self, batch: StepBatch, runtime: Runtime, desc: BatchDescriptor,
                   accepted: list[int] | None = None):
-        """Commit the block table and build (and, where the builder's rules say, stage) the metadata."""
-        ib = self.input_batch
-        ib.commit(ib.num_rows)
-        rows = ib.rows(batch.request_ids)
-        pad_rows = desc.num_reqs - batch.num_reqs if runtime is Runtime.FULL else 0
-        blocks = np.concatenate((rows, np.full((pad_rows, rows.shape[1]), self.sentinel, dtype=np.int32)))
-        size = desc.num_tokens if runtime is Runtime.FULL else batch.num_tokens
-        return self.builder.build(common_for(batch, blocks, pad_rows, size, accepted, self.rules))
-
-    def _capture_meta(self, desc: BatchDescriptor):
-        """`build_for_cudagraph_capture` over all-zero (null) block-table rows, as at capture."""
-        q = np.full(desc.num_reqs, desc.num_tokens // desc.num_reqs, dtype=np.int32)
-        blocks = np.full((desc.num_reqs, 1 + self.k), self.sentinel, dtype=np.int32)
-        return self.builder.build_for_capture(Common(q, q, q > 0, q - 1, q, blocks, desc.num_tokens))
+        return self.path.metadata(batch, runtime, desc, accepted)
 
     # ---- one step ---------------------------------------------------------------------------
     def _entry(self, runtime: Runtime, desc: BatchDescriptor, step: int) -> Captured:
@@ -200,7 +165,7 @@ class GraphRunner:
                 if self.opts.recapture:
                     cap = None
         if cap is None:
-            meta = self._capture_meta(desc) if runtime is Runtime.FULL else None
+            meta = self.path.capture_metadata(desc) if runtime is Runtime.FULL else None
             cap = self.captured[desc] = self.capturer.capture(runtime, desc, meta, step)
         return cap
 
@@ -213,12 +178,9 @@ class GraphRunner:
                 preprocess(c, batch)  # the previous step's boundary copies (`post_copies`)
             self._dummy_run(runtime, desc, batch.step)
             return {}
-        # vLLM PR #55123 asserts every request past its prompt; beside PR #51865's rule (the fixed
-        # stack) it holds the rows that rule holds, so a one-token chunk over context is no error
-        if runtime is Runtime.FULL and self.rules.assert_full_past_prompt and any(
-                prefilling(self.rules.uniform_decode, batch)):
-            raise ReplayRefused(f"step {batch.step}: a FULL graph ({desc}) was dispatched for a batch with a request "
-                                "still in its prompt (the replay-side assertion)")
+        refused = self.path.refusal(batch, runtime, desc)  # a replay-side assertion (vLLM PR #55123)
+        if refused:
+            raise ReplayRefused(refused)
         d = batch.on(c.device)  # this copy's own inputs, one copy from the batch's host buffer
         n = batch.num_tokens
         size = desc.num_tokens if runtime is not Runtime.NONE else n
@@ -244,21 +206,13 @@ class GraphRunner:
             return self.player.check(batch.step, collect(held, o1, ids, n, fresh))
 
     def _dummy_run(self, runtime: Runtime, desc: BatchDescriptor, step: int) -> None:
-        """`_dummy_run(1+k, uniform_decode=True)`: in FULL, commit the block table for the padded rows
-        (`ControlRules.dummy_commits_block_table`), build the metadata as for capture, re-staging the
-        builder's buffers from those rows (`dummy_restages`; else they keep the last real step's),
-        and replay. Its outputs are discarded."""
+        """`_dummy_run(1+k, uniform_decode=True)`: in FULL, the path commits the block table and builds
+        the dummy's metadata (`control.MirrorPath.dummy`), and the decode graph replays. Its outputs
+        are discarded."""
         if runtime is not Runtime.FULL:
             return
-        ib = self.input_batch
-        if self.rules.dummy_commits_block_table:
-            ib.commit(desc.num_reqs)
         cap = self._entry(runtime, desc, step)
-        if self.rules.dummy_restages:
-            q = np.zeros(desc.num_reqs, dtype=np.int32)
-            q[0] = 1 + self.k
-            blocks = ib.committed[:desc.num_reqs]
-            self.builder.build_for_capture(Common(q, q, q > 0, q - 1, q, blocks, desc.num_tokens))
+        self.path.dummy(desc)
         with torch.inference_mode():
             self.player.replay(cap.pieces[0])
 
@@ -341,9 +295,7 @@ class GraphRunner:
         its replay read them: the null block when padding is sanitised, stale entries otherwise."""
         if self.last is None or self.last[0] is not Runtime.FULL or batch.dummy:
             return None
-        n, rows = batch.num_reqs, self.last[1].num_reqs
-        buf = self.builder.spec_state_indices[:, 0] if self.k else self.builder.non_spec_state_indices
-        return buf[n:rows].tolist()
+        return self.path.pad_state_indices(batch, self.last[1])
 
     def _note_frozen(self, desc, changed):
         for k, (was, now) in changed.items():
@@ -377,4 +329,4 @@ class PieceRunner(OverIslandRunner):
         return {f"{self.island.name}.{k}": v[:n].clone() for k, v in out.items()}
 
 
-__all__ = ["EagerRunner", "GraphRunner", "PieceRunner", "block_rows", "StepInputs"]
+__all__ = ["EagerRunner", "GraphRunner", "PieceRunner", "StepInputs"]

@@ -3,12 +3,10 @@
 way the graph runner pads it; `classify` hands the runs to `oracle.decide`."""
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .compare import BATCH_VARIANCE, Divergence
-from ..capture.runner import EagerRunner, block_rows, preprocess
-from ..control.builder import common_for
+from ..capture.runner import EagerRunner, preprocess
 from ..control.dispatch import pad_size
 from ..knobs.modes import Runtime
 from ..islands.layer import LayerCopy, collect
@@ -21,7 +19,7 @@ class ChainProbe:
 
     def __init__(self, copy: LayerCopy, runner):
         self.copy, self.runner = copy, runner
-        self.eager = EagerRunner(copy, runner.rules)
+        self.eager = EagerRunner(copy, runner.rules, runner.paths)
         copy.moe.keep_input = True  # never captures: the MoE inputs of the last exact and padded runs
         self.moe_in: dict = {}
 
@@ -62,10 +60,7 @@ class ChainProbe:
         with torch.inference_mode():
             accepted = preprocess(c, batch)  # the step's forward copies, as every copy makes them
             if runtime is Runtime.FULL:
-                pad_rows = desc.num_reqs - batch.num_reqs
-                live = block_rows(batch, 1 + r.k, c.cache.sentinel)
-                blocks = np.concatenate((live, np.full((pad_rows, live.shape[1]), c.cache.sentinel, dtype=np.int32)))
-                meta = self.eager.builder.build(common_for(batch, blocks, pad_rows, size, accepted, r.rules))
+                meta = self.eager.path.metadata(batch, accepted, desc.num_reqs - batch.num_reqs, size)
                 o0, core, o1 = c.chain(ids, meta)
             else:  # submod0 padded, the splitting op on live rows, submod1 padded unless it runs eagerly
                 o0 = c.submod0(input_ids=ids)

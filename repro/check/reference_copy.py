@@ -71,7 +71,7 @@ class ReferenceCopy:
 
     def __init__(self, copy: LayerCopy, every: int):
         self.copy, self.every = copy, every
-        self.eager = EagerRunner(copy)
+        self.eager = EagerRunner(copy)  # the fixed rules, whatever the case's control path
         self.runs = 0
         self._weights = copy_weights(copy)
         self._digest = _digest(self._weights)

@@ -18,5 +18,5 @@ def bench(a) -> int:
         no_tiny_rates=a.no_tiny_rates, quiet=a.quiet, profile=a.profile, json=_path(a.json), plot=_path(a.plot),
         lockstep_rates=a.lockstep_rates, lockstep_steps=a.lockstep_steps, hunt_examples=a.hunt_examples,
         reference_every=a.reference_every, stack=a.stack, spec_tokens=a.spec_tokens, hunt_rates=a.hunt_rates,
-        block_size=a.block_size,
+        block_size=a.block_size, control=a.control, patches=tuple(a.patch),
         cache=environ.cache()))

@@ -67,6 +67,19 @@ def _stack(s) -> None:
     s.add_argument("--stack", default="fixed", choices=list(STACKS), help=stack_help())
 
 
+CONTROL_HELP = ("where the runner's control decisions come from: mirror (the suite's rules, the default), vllm (the "
+                "installed vLLM's V1 model runner, its own code), vllm-v2 (its V2 runner's host-side decisions); a "
+                "vLLM source needs vLLM installed (`tox -e vllm033`)")
+PATCH_HELP = ("a Python file that changes the installed vLLM when it is loaded (a PR's hunk, a fork's change): it "
+              "defines apply(vllm) and a docstring naming the change (repro/upstream/patches.py; shipped: patches/); "
+              "repeatable, applied in order; needs --control vllm or vllm-v2")
+
+
+def _control(s) -> None:
+    s.add_argument("--control", default="mirror", choices=["mirror", "vllm", "vllm-v2"], help=CONTROL_HELP)
+    s.add_argument("--patch", action="append", default=[], metavar="FILE", help=PATCH_HELP)
+
+
 def _spec(s, what: str) -> None:
     s.add_argument("--spec-tokens", type=count(0, 4), default=None, metavar="K", help=what)
 
@@ -99,6 +112,7 @@ def _common(s) -> None:
     s.add_argument("--layer", type=count(0), default=None, help="layer index (default: the first of the right type)")
     s.add_argument("--mode", type=mode, default=None, help=MODE_HELP)
     _stack(s)
+    _control(s)
     s.add_argument("--hazard", action="append", default=[], help="plant a hazard (repeatable; listed below)")
     s.add_argument("--repair", action="append", default=[], help="apply a repair (repeatable; listed below)")
     s.add_argument("--sentinel", type=int, choices=[-1, 0], default=0,
@@ -209,6 +223,10 @@ def _report(sub) -> None:
     from ..knobs.stacks import STACKS
     s.add_argument("--stack", default=None, choices=list(STACKS),
                    help="the stack profile the report states (default: the result's own)")
+    s.add_argument("--control", default=None, choices=["mirror", "vllm", "vllm-v2"],
+                   help="the control source the report states (default: the result's own); " + CONTROL_HELP)
+    s.add_argument("--patch", action="append", default=None, metavar="FILE",
+                   help="the patch files the report states (default: the result's own); " + PATCH_HELP)
 
 
 def _bench(sub) -> None:
@@ -221,6 +239,7 @@ def _bench(sub) -> None:
     s.add_argument("--island", default="all", help="all | chain | submod0 | gdn_core | submod1 | moe")
     s.add_argument("--mode", type=mode, default=None, help="chain capture mode: " + MODE_HELP)
     _stack(s)
+    _control(s)
     _spec(s, "with --hunt-rates: the draft tokens a decode carries in every hunt (default: each hazard's own K); "
              "with --lockstep-rates: the chain cases run again at K, beside K=0")
     _block(s, "with --hunt-rates: " + BLOCK_HELP + " (hazards that need drafts are skipped)")

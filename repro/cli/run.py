@@ -27,7 +27,7 @@ def run(a) -> int:
         trace=_path(a.trace), json=_path(a.json),
         report=_path(a.report), force=a.force, strict=a.strict, amplify=not a.no_amplify,
         reference_every=a.reference_every, tp=a.tp, cache=environ.cache(), kill=environ.kill(),
-        comm_backend=environ.comm_backend()))
+        comm_backend=environ.comm_backend(), control=a.control, patches=tuple(a.patch)))
 
 
 def hunt(a) -> int:
@@ -37,4 +37,5 @@ def hunt(a) -> int:
         layer=a.layer, mode=a.mode, hazards=tuple(a.hazard), repairs=tuple(a.repair), sentinel=a.sentinel,
         stack=a.stack, spec_tokens=a.spec_tokens, block_size=a.block_size,
         max_examples=a.max_examples, profile=a.profile, save=a.save, json=a.json, report=_path(a.report),
-        force=a.force, command=command_line(a.argv), cache=environ.cache()))
+        force=a.force, command=command_line(a.argv), cache=environ.cache(), control=a.control,
+        patches=tuple(a.patch)))

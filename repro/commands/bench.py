@@ -13,7 +13,10 @@ from ..bench.replay import CHOICES, BENCH_ISLANDS, MODES, checkpoint_for, parse_
 from ..errors import BadInput
 from ..graphs import make_provider
 from ..io import check_output_file, write_json
+from .control_rates import control_rates, format_control_rates
 from .hunt_rates import format_hunt_rates, hunt_rates
+from ..knobs.control import Control
+from ..upstream.paths import ready
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,8 @@ class BenchConfig:
     block_size: int | None = None  # --hunt-rates: prefix caching's block size in every hunt (None: mode "none")
     hunt_rates: bool = False
     cache: Path | None = None  # None: `io.cache_dir`'s default
+    control: str = "mirror"  # --hunt-rates: a vLLM source's blind hunt beside the mirror's (`control_rates`)
+    patches: tuple[str, ...] = ()  # ... with these patch files applied to vLLM
 
 
 def command_line(a: BenchConfig) -> str:
@@ -71,6 +76,8 @@ def command_line(a: BenchConfig) -> str:
             parts += ["--spec-tokens", str(a.spec_tokens)]
         if getattr(a, "block_size", None) is not None:
             parts += ["--block-size", str(a.block_size)]
+        if getattr(a, "control", "mirror") != "mirror":
+            parts += ["--control", a.control] + [x for p in a.patches for x in ("--patch", p)]
     return " ".join(parts)
 
 
@@ -89,6 +96,14 @@ def bench_command(a: BenchConfig) -> int:
         raise BadInput("--block-size: only with --hunt-rates (the replay and lockstep rows run without prefix caching)")
     if a.hunt_rates and a.hunt_examples < 1:
         raise BadInput("--hunt-examples 0: each --hunt-rates hunt needs at least one sequence")
+    ctl = Control(a.control, tuple(a.patches))
+    if ctl.upstream and not a.hunt_rates:
+        raise BadInput(f"--control {ctl.source}: only with --hunt-rates (the replay rows time the islands, not the "
+                       "control path)")
+    if ctl.upstream and (a.stack != "fixed" or a.block_size is not None):
+        raise BadInput(f"--control {ctl.source}: its hunt rates compare one blind hunt on vLLM with the mirror's "
+                       "profile of the same runner (leave --stack and --block-size out)")
+    ready(ctl)
     if a.plot:
         pyplot()  # fail before the work, not after
     with registry.using(**registry.parse(a.kernels or "")):
@@ -111,7 +126,15 @@ def _bench(a: BenchConfig, batches) -> int:
     if a.profile:
         print(format_profiles(res))
     rates = None
-    if a.hunt_rates:
+    ctl = Control(a.control, tuple(a.patches))
+    if a.hunt_rates and ctl.upstream:
+        if log:
+            log(f"hunt rates: a blind hunt on --control {ctl.label()} and on the mirror, at most {a.hunt_examples} "
+                "sequences each")
+        rates = control_rates(str(path), a.device, ctl, a.hunt_examples, a.spec_tokens, quiet=a.quiet, log=log,
+                              cache=a.cache)
+        print(format_control_rates(rates))
+    elif a.hunt_rates:
         if log:
             log(f"hunt rates: each record hazard told and blind, at most {a.hunt_examples} sequences a hunt")
         rates = hunt_rates(str(path), a.device, a.hunt_examples, a.stack, a.spec_tokens, provider.supports_streams,
@@ -119,7 +142,10 @@ def _bench(a: BenchConfig, batches) -> int:
         print(format_hunt_rates(rates))
     if a.json:
         doc = res.to_json()
-        if rates is not None:
+        if rates is not None and ctl.upstream:
+            doc["control_rates"] = rates
+            doc["hunt_rates_bound"] = {"examples": a.hunt_examples, "profile": "ci"}
+        elif rates is not None:
             doc["hunt_rates"] = rates
             doc["hunt_rates_bound"] = {"examples": a.hunt_examples, "profile": "ci"}
         doc["command"] = command_line(a)

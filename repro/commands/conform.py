@@ -1,5 +1,5 @@
 """`repro conform` from its typed config: the mirror's control rules against the installed vLLM's own
-code (`repro.upstream.compare.run.conform`), as a table, and as JSON with `--json`.
+code (`repro.conform.run.conform`), as a table, and as JSON with `--json`.
 
 Exit codes: 0 when every difference is explained, 1 when one is not (or a FULL replay read a buffer
 row vLLM never wrote), 2 on bad input (vLLM absent or a release the seam does not know, a stack
@@ -14,8 +14,8 @@ from pathlib import Path
 from ..errors import BadInput
 from ..io import check_output_file, emit, write_json
 from ..knobs.stacks import stack as find_stack
-from ..upstream.compare.run import CLAIMS, Budget, conform
-from ..upstream.compare.table import text
+from ..conform.run import CLAIMS, Budget, conform
+from ..conform.table import text
 from ..upstream.load import installed, load
 
 

@@ -1,6 +1,8 @@
 """`repro hunt`: search, shrink, cut after the first divergence, save, and print a replay line
 (the search itself is `repro.search.hunt`); with no hazard on a stack other than `fixed`, a blind
-hunt that names the control rule at fault (`repro.search.blind`)."""
+hunt that names the control rule at fault (`repro.search.blind`), and with no hazard under a vLLM
+control source, a blind hunt of the installed vLLM (as patched) that names the shipped patch that
+clears what it found (`repro.search.patch_blame`)."""
 from __future__ import annotations
 
 import json
@@ -15,19 +17,25 @@ import torch
 from ..control.dispatch import DEFAULT_SIZES
 from ..errors import BadInput
 from ..graphs import make_provider
-from ..io import cache_dir, check_output_file, emit, write_json
+from ..io import cache_dir, check_output_file, emit, prepare_output_dir, write_json
 from ..islands import Model, check_island
 from ..job.cases import Case, check_knobs, run_case
+from ..job.steps import case_steps
 from ..knobs import hazards as hz
 from ..model.tiny import default_checkpoint
 from ..progress import for_cases
 from ..report import check_output as check_report_dir
 from ..report import write_report
+from ..report import upstream as upstream_report
 from ..scheduler.prefix import check_block_size
 from ..scheduler.sequence import Sequence, request_json
 from ..search.blind import blame_json, blame_lines, blame_minimal, failure, hunt_mode, is_blind, sequence_shape
 from ..search.hunt import Budget, FlakyHunt, hunt
+from ..search.patch_blame import blame_patches
 from ..search.strategies import space_for
+from ..knobs.control import Control
+from ..knobs.control import check as check_control
+from ..upstream.paths import control_json, ready
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,13 @@ class HuntConfig:
     force: bool = False
     command: str = "repro hunt"  # the command line, for the report
     cache: Path | None = None  # None: `io.cache_dir`'s default
+    control: str = "mirror"  # where the control decisions come from (`knobs.control`); a vLLM source with no
+    # hazard is a blind hunt of vLLM itself (as patched), blamed on the shipped patches
+    patches: tuple[str, ...] = ()  # patch files applied to the installed vLLM (`upstream.patches`)
+
+    @property
+    def ctl(self) -> Control:
+        return Control(self.control, tuple(self.patches))
 
 
 def kernel_sentinel(hazards, sentinel: int) -> int:
@@ -69,6 +84,7 @@ def default_mode(hazards) -> str:
 
 def save_path(o: HuntConfig, mode: str) -> Path:
     stack = "" if o.stack == "fixed" else "@" + o.stack
+    stack += "" if not o.ctl.upstream else "@" + o.ctl.label()
     name = f"{o.island}-{'-'.join(o.hazards) or 'baseline'}{stack}{''.join('+' + r for r in o.repairs)}-{mode}.json"
     return Path(o.save) if o.save else cache_dir(o.cache) / "hunts" / name.replace("=", "_").replace("/", "_")
 
@@ -86,6 +102,8 @@ def replay_line(o: HuntConfig, mode: str, save: Path) -> str:
         parts += ["--sentinel", str(o.sentinel)]
     if o.stack != "fixed":
         parts += ["--stack", o.stack]
+    if o.ctl.upstream:
+        parts += ["--control", o.control] + [x for p in o.patches for x in ("--patch", p)]
     for h in o.hazards:
         parts += ["--hazard", h]
     for r in o.repairs:
@@ -153,8 +171,11 @@ def hunt_command(o: HuntConfig) -> int:
         print(f"repro: {e}", file=sys.stderr)
         return 1
     if o.report and doc is not None:
-        write_report(doc, o.report, command=o.command, layer=o.layer, sentinel=o.sentinel, force=o.force,
-                     what="--report", stack=o.stack)
+        if upstream_report.is_upstream(doc):
+            upstream_report.write_upstream_report(doc, Path(o.report).absolute())
+        else:
+            write_report(doc, o.report, command=o.command, layer=o.layer, sentinel=o.sentinel, force=o.force,
+                         what="--report", stack=o.stack)
         emit(f"report: {o.report}/REPORT.md")
     return rc
 
@@ -163,6 +184,8 @@ def _check(o: HuntConfig) -> tuple[str, Path]:
     """Everything refused before any work: the knobs, the island, the options, the outputs.
     Returns the mode and the save path."""
     check_knobs(o.hazards, o.repairs)
+    check_control(o.ctl, o.stack, o.hazards, o.repairs, o.sentinel)
+    ready(o.ctl)
     for what, names, table in (("hazard", o.hazards, hz.HAZARDS), ("repair", o.repairs, hz.REPAIRS)):
         unknown = [n for n in names if n not in table]
         if unknown:
@@ -179,7 +202,9 @@ def _check(o: HuntConfig) -> tuple[str, Path]:
         save.parent.mkdir(parents=True, exist_ok=True)  # the cache's own folder for saved hunts
     check_output_file(save, "--save")
     check_output_file(o.json, "--json")
-    if o.report:
+    if o.report and o.ctl.upstream:
+        prepare_output_dir(o.report, o.force, "--report", names=upstream_report.OUTPUTS)
+    elif o.report:
         check_report_dir(o.report, o.force, "--report")
     return mode, save
 
@@ -195,12 +220,13 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
     k, dp = sequence_shape(o)
     check_block_size(o.block_size, k, ("--block-size", "--spec-tokens"))
     case = Case(o.island, mode, tuple(o.hazards), tuple(o.repairs), spec_tokens=k, data_parallel=dp, stack=o.stack,
-                block_size=o.block_size)
+                block_size=o.block_size, control=o.ctl)
 
     def check(seq):
         return failure(run_case(model, provider, case, seq, sentinel=o.sentinel))
 
-    label = ",".join(o.hazards) or ("blind " + o.stack if is_blind(o) else "baseline")
+    label = ",".join(o.hazards) or ("blind " + (o.ctl.label() if o.ctl.upstream else o.stack) if is_blind(o)
+                                    else "baseline")
     progress = HuntProgress(f"hunt {o.island} {mode} {label}")
     seen: list = []
     t0 = time.perf_counter()
@@ -227,21 +253,29 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
                "max_tokens": seq.max_tokens, "vocab": seq.vocab, "seed": seq.seed, "spec_tokens": seq.spec_tokens,
                "data_parallel": seq.data_parallel, "tail_dummies": seq.tail_dummies,
                **({"block_size": seq.block_size} if seq.block_size else {}),
-               "steps": [b.to_json() for b in seq.batches(None if eff == 0 else range(seq.num_slots))]}
+               "steps": [b.to_json() for b in case_steps(case, seq, None if eff == 0 else range(seq.num_slots))]}
     minimal = cut_after(minimal, div.step)
+    if o.ctl.upstream:  # vLLM's scheduler makes the steps again from the requests (its block ids are its pool's)
+        minimal = {**{k: v for k, v in minimal.items() if k != "steps"}, "max_steps": len(minimal["steps"])}
     cut = Sequence.from_json(minimal)
     result = run_case(model, provider, case, cut, sentinel=o.sentinel)
     doc = {"device": str(provider.device), "graph_provider": provider.name, "checkpoint": str(checkpoint),
-           "torch": torch.__version__, "kernel_sentinel": eff, "stack": o.stack, "spec_tokens": k,
+           "torch": torch.__version__, "kernel_sentinel": eff, "stack": o.stack, **control_json(o.ctl), "spec_tokens": k,
            "data_parallel": dp, "minimal_sequence": minimal, "results": [result.to_json()],
            "command": replay_line(o, mode, save)}
     lines = []
-    if is_blind(o):
+    if is_blind(o) and o.ctl.upstream:
+        pb = blame_patches(model, provider, case, cut, o.sentinel)
+        doc["blame"] = pb.to_json()
+        clock["blame_s"] = round(time.perf_counter() - t0, 2)
+        lines = pb.lines(o.ctl.label())
+    elif is_blind(o):
         b = blame_minimal(model, provider, case, cut, o.sentinel)
         doc["blame"] = blame_json(b)
         clock["blame_s"] = round(time.perf_counter() - t0, 2)
         lines = blame_lines(b, o.stack)
-    clock.update(minimal_steps=len(minimal["steps"]), first_divergence=div.line())
+    n_steps = minimal.get("max_steps") or len(minimal["steps"])
+    clock.update(minimal_steps=n_steps, first_divergence=div.line())
     write_json(save, doc, "--save")
     if o.json:
         write_json(o.json, doc)
@@ -249,7 +283,7 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
         emit(line)
     emit(json.dumps(minimal, indent=None))
     emit(f"first {'divergence' if div.step is not None else 'finding'}: {div.line()}")
-    emit(f"{len(seq.requests)} requests, {len(minimal['steps'])} steps; saved to {save}")
+    emit(f"{len(seq.requests)} requests, {n_steps} steps; saved to {save}")
     emit(f"replay: {replay_line(o, mode, save)}")
     print(f"hunt ({what}) found: {div.line()}", file=sys.stderr)
     return 1, doc

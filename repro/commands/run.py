@@ -19,6 +19,9 @@ from ..graphs import make_provider
 from ..io import check_output_file, emit, streamed, write_json
 from ..islands import Model, check_island
 from ..knobs import hazards as hz
+from ..knobs.control import Control
+from ..knobs.control import check as check_control
+from ..upstream.paths import control_json, ready
 from ..model.tiny import default_checkpoint
 from ..progress import for_cases
 from ..report import check_output as check_report_dir
@@ -64,6 +67,8 @@ class RunConfig:
     cache: Path | None = None  # None: `io.cache_dir`'s default
     kill: tuple | None = None  # forced_comm supervisor test hook: (rank, step, "kill" | "hang")
     comm_backend: str | None = None  # forced_comm process-group backend; None: the device's
+    control: str = "mirror"  # where the control decisions come from (`knobs.control`): mirror, vllm, vllm-v2
+    patches: tuple[str, ...] = ()  # patch files applied to the installed vLLM (`upstream.patches`)
 
 
 def _explain(r, v: str) -> str:
@@ -82,9 +87,14 @@ def _explain(r, v: str) -> str:
     return f"{label}: {v}: {what}"
 
 
-def _refuse_ignored(c: RunConfig, comm_run: bool) -> None:
-    """Options that would do nothing here are refused, not silently ignored."""
+def _refuse_ignored(c: RunConfig, comm_run: bool) -> Control:
+    """Options that would do nothing here are refused, not silently ignored. Returns the control source."""
     check_knobs(c.hazards, c.repairs)
+    ctl = Control(c.control, tuple(c.patches))
+    if comm_run and ctl.upstream:
+        raise BadInput(f"--control {ctl.source}: island forced_comm has no control path (its ranks run the TP slice)")
+    check_control(ctl, c.stack, c.hazards, c.repairs, c.sentinel)
+    ready(ctl)
     if c.force and not c.report:
         raise BadInput("--force: only with --report (it lets a report replace what repro wrote in DIR before)")
     if c.sequence and c.steps is not None:
@@ -99,6 +109,7 @@ def _refuse_ignored(c: RunConfig, comm_run: bool) -> None:
     if comm_run and c.mode:
         raise BadInput(f"--mode {c.mode}: island forced_comm has no capture mode to choose (its comm mode follows "
                        "the hazards and repairs)")
+    return ctl
 
 
 def run_command(c: RunConfig) -> int:
@@ -106,7 +117,7 @@ def run_command(c: RunConfig) -> int:
     if c.island != "all":
         check_island(c.island)
     comm_run = c.tp > 1 or c.island == "forced_comm"
-    _refuse_ignored(c, comm_run)
+    ctl = _refuse_ignored(c, comm_run)
     check_output_file(c.json, "--json")
     check_output_file(c.trace, "--trace")
     report = check_report_dir(c.report, c.force, "--report") if c.report else None
@@ -124,7 +135,7 @@ def run_command(c: RunConfig) -> int:
     seq = Sequence.load(c.sequence) if c.sequence else None
     provider = make_provider(c.device)
     cases = plan(c.island, c.mode, c.hazards, c.repairs, provider.supports_streams, c.spec_tokens, c.stack,
-                 c.block_size)
+                 c.block_size, ctl)
     if seq is None:
         check_block_size(c.block_size, max(case.spec_tokens for case in cases), ("--block-size", "--spec-tokens"))
     path = c.model or default_checkpoint(c.cache)
@@ -179,8 +190,8 @@ def run_command(c: RunConfig) -> int:
     doc = {"command": c.command, "device": device_name(provider), "graph_provider": provider.name,
            "torch": torch.__version__, "checkpoint": str(path), "seed": None if c.sequence else c.seed or 0,
            "sentinel": c.sentinel, "layer": model.layer, "kernels": {op: registry.selected(op) for op in registry.ops()},
-           "plugins": registry.plugins(), "stack": c.stack, "sequence": first.to_json(),
-           "results": [_row(r, sequence_for(r.case), first) for r in results]}
+           "plugins": registry.plugins(), "stack": c.stack, **control_json(ctl), "sequence": _seq(first, ctl),
+           "results": [_row(r, sequence_for(r.case), first, ctl) for r in results]}
     if c.json:
         write_json(c.json, doc)
     if report:
@@ -195,11 +206,20 @@ def run_command(c: RunConfig) -> int:
     return exit_code(results, explicit)
 
 
-def _row(r, seq: Sequence, first: Sequence) -> dict:
+def _seq(seq: Sequence, ctl: Control) -> dict:
+    """A sequence as a result records it: with the mirror's steps, or under a vLLM source without
+    them (vLLM's scheduler makes them again from the requests: `job.steps`), unless they were given."""
+    d = seq.to_json()
+    if ctl.upstream and not seq.steps:
+        del d["steps"]
+    return d
+
+
+def _row(r, seq: Sequence, first: Sequence, ctl: Control) -> dict:
     """A result row; one whose sequence is not the document's (other drafts, dummy steps) carries its own."""
     d = r.to_json()
     if seq is not first:
-        d["sequence"] = seq.to_json()
+        d["sequence"] = _seq(seq, ctl)
     return d
 
 

@@ -178,6 +178,17 @@ class StepBatch:
         return d
 
 
+def block_rows(batch: StepBatch, width: int, null: int) -> np.ndarray:
+    """Each request's state blocks as block-table rows at least `width` wide (missing columns:
+    `null`); as wide as the longest row with a block size."""
+    if batch.block_size is not None:
+        width = max([width] + [len(b) for b in batch.block_rows()])
+    rows = np.full((batch.num_reqs, width), null, dtype=np.int32)
+    for i, b in enumerate(batch.block_rows()):
+        rows[i, :min(width, len(b))] = b[:width]
+    return rows
+
+
 # The fields a step's JSON carries only when they say something (`StepBatch` docstring).
 OPTIONAL = ("num_computed", "prompt_lens", "prefill_lens", "draft_lens", "num_accepted", "blocks", "finished", "dummy",
             "block_size", "state_cols", "prev_cols", "post_copies")

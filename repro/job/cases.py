@@ -12,13 +12,16 @@ from kernels.errors import KernelRefused
 from kernels.gdn import fused
 
 from ..knobs import hazards as hz
+from ..knobs.control import Control, decided_by_vllm
 from ..control.dispatch import DEFAULT_SIZES, default_capture_sizes
 from ..knobs.modes import DEFAULT_MODES, mode_name
 from ..errors import BadInput
 from ..islands import Model, Runs, kind
 from ..lockstep import run_lockstep, run_moe_lockstep
 from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
+from ..capture.control import paths_for
 from .results import Case, CaseResult
+from .steps import case_steps, copy_slots
 from .triggers import reached
 from ..scheduler.sequence import Request, Sequence
 
@@ -46,15 +49,17 @@ def sequence_needs(hazards, spec_tokens: int | None) -> tuple[int, bool]:
 
 
 def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_tokens: int | None = None,
-         stack: str = "fixed", block_size: int | None = None) -> list[Case]:
+         stack: str = "fixed", block_size: int | None = None, control: Control = Control()) -> list[Case]:
     """Explicit hazards/repairs -> one case per mode; none -> baseline plus every applicable hazard,
     and the chain's baseline again with K = DEFAULT_SPEC draft tokens a decode in each mode with a
     FULL decode graph. `spec_tokens` given: every case runs at that K. Each hazard case runs the
     sequence its hazard needs (`sequence_needs`); every case starts from `stack`'s rules. With a
     `block_size` (prefix caching) every case runs with it and the default plan leaves out the rows
-    whose K is not below it (a block is wider than a decode's drafts: `check_block_size`). Under a fused
-    GDN core (`kernels.gdn.fused`) a hazard whose configuration it refuses (`Hazard.fused_refused`) is
-    expected to be refused, with its repairs."""
+    whose K is not below it (a block is wider than a decode's drafts: `check_block_size`). Under a vLLM
+    `control` every case runs vLLM's decisions, and the default plan leaves out the hazards whose
+    mechanism vLLM's code decides (`knobs.control.decided_by_vllm`: plant those with a patch). Under
+    a fused GDN core (`kernels.gdn.fused`) a hazard whose configuration it refuses
+    (`Hazard.fused_refused`) is expected to be refused, with its repairs."""
     whole = island in ("all", None)
     islands = (["chain"] if (hazards or repairs) else list(DEFAULT_ISLANDS)) if whole else [island]
     modes = [mode_name(mode)] if mode else list(DEFAULT_MODES)
@@ -64,7 +69,7 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
         k, dp = sequence_needs(hs, spec_tokens)
         if fused() and any(hz.HAZARDS[h].fused_refused for h in hs):
             expect = "refused"  # the fused GDN core cannot say what the hazard's configuration does
-        return Case(isl, m, tuple(hs), tuple(rs), expect, k, dp, stack, block_size)
+        return Case(isl, m, tuple(hs), tuple(rs), expect, k, dp, stack, block_size, control)
 
     cases: list[Case] = []
     for isl in islands:
@@ -76,14 +81,16 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
                 hz.check(hazards, repairs, m, streams, "chain" if k.runs is Runs.CHAIN else isl)
                 cases.append(case(isl, m, hazards, repairs, hz.expectation(hazards, repairs)))
             else:
-                cases.append(Case(isl, m, spec_tokens=base_k, stack=stack, block_size=block_size))
+                cases.append(Case(isl, m, spec_tokens=base_k, stack=stack, block_size=block_size, control=control))
     if hazards or repairs or not (whole or island == "chain"):
         return cases
     if spec_tokens is None and (block_size is None or block_size > DEFAULT_SPEC):
-        cases += [Case("chain", m, spec_tokens=DEFAULT_SPEC, stack=stack, block_size=block_size)
+        cases += [Case("chain", m, spec_tokens=DEFAULT_SPEC, stack=stack, block_size=block_size, control=control)
                   for m in modes if m != "piecewise"]
     for m in modes:
         for h in hz.planted(m, streams):
+            if control.upstream and decided_by_vllm(h.sets):
+                continue
             if block_size is not None and sequence_needs((h.name,), spec_tokens)[0] >= block_size:
                 continue  # its drafts would cross more than one block boundary
             cases.append(case("chain", m, (h.name,), (), hz.expectation((h.name,), ())))
@@ -114,19 +121,24 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
         res = run_moe_lockstep(model, provider, seq.batches(), sizes=sizes or DEFAULT_SIZES)
     else:
         usable = None if copy_sentinel == 0 else range(seq.num_slots)
-        batches = seq.batches(usable)
+        batches = case_steps(case, seq, usable)
         if reference_every is None:  # a hazard both copies share needs the third copy at its own cadence
             reference_every = hz.reference_cadence(case.hazards, case.stack)
         every = default_every(provider.device) if reference_every is None else reference_every
-        spec, slots = getattr(seq, "spec_tokens", 0), seq.copy_slots()  # a block size's pool is larger
+        spec, slots = getattr(seq, "spec_tokens", 0), copy_slots(seq, batches)  # a block size's pool is larger
+        asked = sizes  # under vLLM's control, None lets vLLM choose its own list
         sizes = sizes or default_capture_sizes(seq.num_slots, seq.max_tokens, spec, opts.control.decode_capture_sizes)
-        ref = ReferenceCopy(independent_copy(model, slots, copy_sentinel, spec), every) if every > 0 else None
-        try:
-            res = run_lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=copy_sentinel, spec_tokens=spec),
-                               provider, batches, mode=case.mode, opts=opts, sizes=sizes, trace=trace,
-                               progress=progress, max_tokens=seq.max_tokens, reference=ref, max_num_seqs=seq.num_slots)
-        except KernelRefused as e:  # a kernel whose own sources leave this case's outcome unknown
-            return CaseResult(case, 0, None, strict=strict, refused=str(e))
+        with paths_for(case.control, opts.control, model.path, case.block_size) as paths:
+            # the third copy keeps the fixed rules of the mirror: independent of the rules under test (the
+            # case's, or vLLM's own), it sees a fault both copies share (`check.reference_copy`)
+            ref = ReferenceCopy(independent_copy(model, slots, copy_sentinel, spec), every) if every > 0 else None
+            try:
+                res = run_lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=copy_sentinel, spec_tokens=spec),
+                                   provider, batches, mode=case.mode, opts=opts,
+                                   sizes=asked if case.control.upstream else sizes, trace=trace, progress=progress,
+                                   max_tokens=seq.max_tokens, reference=ref, max_num_seqs=seq.num_slots, paths=paths)
+            except KernelRefused as e:  # a kernel whose own sources leave this case's outcome unknown
+                return CaseResult(case, 0, None, strict=strict, refused=str(e))
     findings = [f.to_json() for f in res.findings]
     triggered = None if batches is None else reached(case.hazards, case.repairs, case.mode, batches[:res.steps],
                                                      sizes, findings, getattr(seq, "spec_tokens", 0), seq.num_slots)

@@ -20,6 +20,7 @@ import torch
 
 from ..check.compare import KERNEL_FINDINGS, Divergence
 from ..knobs import hazards as hz
+from ..knobs.control import Control
 from ..knobs.hazards import FINDING_KINDS
 from .triggers import needs, shown_by_finding
 
@@ -35,6 +36,7 @@ class Case:
     data_parallel: bool = False  # its sequence has an idle data-parallel rank's dummy steps
     stack: str = "fixed"  # the stack profile its control rules start from (`knobs.stacks`)
     block_size: int | None = None  # prefix caching's block size (vLLM's mamba cache mode "align"); None: "none"
+    control: Control = Control()  # where its control decisions come from (`--control`, `--patch`)
 
 
 @dataclass
@@ -102,7 +104,12 @@ class CaseResult:
                                     for k, v in self.kernel_findings.items()},
                 "eager_us": round(self.eager_us, 1), "replay_us": round(self.replay_us, 1),
                 "bound_usage": {k: round(v, 4) for k, v in sorted(self.bound_usage.items())},
-                "triggered": self.triggered, "verdict": verdict(self)}
+                "triggered": self.triggered, "verdict": verdict(self), **self._control()}
+
+    def _control(self) -> dict:
+        """The case's control source, where it is not the mirror (mirror rows keep their keys)."""
+        c = self.case.control
+        return {"control": c.source, "patches": list(c.patches)} if c.upstream else {}
 
 
 @dataclass

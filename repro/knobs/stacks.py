@@ -8,14 +8,15 @@ says a stack is exposed to is what a hunt on it finds.
 The vLLM sources are the wheels on PyPI (`pip download --no-deps vllm==X`), paths relative to the
 `vllm/` package. The V1 model runner (MRV1) is what 0.26.0 runs for hybrid models such as
 Qwen3.5/3.6 (`config/vllm.py: _is_default_v2_model_runner_model` returns False for them) and what
-0.33.0 runs with `VLLM_USE_V2_MODEL_RUNNER=0` (its default is the V2 runner). The XPU runner
+0.33.0 runs with `VLLM_USE_V2_MODEL_RUNNER=0` (its default is the V2 runner, `vllm-0.33-mrv2`, whose
+rules the fixed stack takes, with vLLM PR #55123's assertion added). The XPU runner
 (`v1/worker/xpu_model_runner.py: XPUModelRunner`) subclasses it in both releases and overrides
 none of these rules, so each profile holds for XPU as for CUDA; 0.26.0 also needs
 `VLLM_XPU_ENABLE_XPU_GRAPH=1` for XPU graphs at all (`platforms/xpu.py: check_and_update_config`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from ..errors import BadInput
 from .options import ControlRules, FirstChunk, UniformDecode
@@ -47,9 +48,45 @@ _FIXES = {
 
 _V033 = "vllm 0.33.0: "
 _V026 = "vllm 0.26.0: "
+_MRV2 = "vllm 0.33.0 (the V2 runner): "
+
+# The V2 model runner (`v1/worker/gpu/`), its rules in the V1 runner's terms the runner mirrors: it
+# keeps no persistent batch of rows (requests keep their state index, block-table rows are gathered
+# each step), so the block-table rules hold by construction. Its decisions run through vLLM's own
+# code with `--control vllm-v2` (`repro/upstream/v2.py`), and the conformance tests hold its
+# uniform-decode decision against the phase-aware rule.
+MRV2 = Stack(
+    "vllm-0.33-mrv2", "vLLM 0.33.0, the V2 model runner (its default where Triton is present; 0.34.0's only runner)",
+    ControlRules(uniform_decode=UniformDecode.PHASE_AWARE, assert_full_past_prompt=False,
+                 first_chunk=FirstChunk.IS_PREFILLING, clear_finished_row=True, dummy_commits_block_table=True,
+                 move_row_zeroes_source=True, dummy_restages=True, zero_draft_spec_row=True, decode_capture_sizes=True),
+    {"uniform_decode": _MRV2 + "v1/worker/gpu/model_runner.py: GPUModelRunner.gather_batch_req_state (1306): "
+                       "decode_graph_eligible, a request in its prefill phase until it computed its prefill_len",
+     "assert_full_past_prompt": _MRV2 + "v1/worker/gpu/model_runner.py: GPUModelRunner.execute_model (1764): no "
+                                "check of a FULL dispatch",
+     "first_chunk": _MRV2 + "v1/attention/backends/gdn_attn.py: GDNAttentionMetadataBuilder.build (373): "
+                    "no_prior_state & is_prefilling, the prefill phase from model_states/mamba_hybrid.py: prepare_attn",
+     "clear_finished_row": _MRV2 + "v1/worker/gpu/block_table.py: BlockTables.gather_block_tables (160): rows are "
+                           "gathered per request each step, padded rows zeroed",
+     "dummy_commits_block_table": _MRV2 + "v1/worker/gpu/model_runner.py: GPUModelRunner.prepare_dummy_attn (1617): "
+                                  "get_dummy_block_tables zeroes a dummy run's rows (the null block)",
+     "move_row_zeroes_source": _MRV2 + "v1/worker/gpu/states.py: RequestState.add_request: a request keeps its index "
+                               "(no condense moves a row)",
+     "dummy_restages": _MRV2 + "v1/worker/gpu/model_runner.py: GPUModelRunner.execute_model (1764): a dummy run's "
+                       "prepare_attn(for_capture=cg_mode == FULL)",
+     "zero_draft_spec_row": _MRV2 + "v1/worker/gpu/model_states/mamba_hybrid.py: MambaHybridModelState.prepare_attn "
+                            "(283): a decode row without drafts stays a spec row (num_decode_draft_tokens 0)",
+     "decode_capture_sizes": _MRV2 + "config/vllm.py: VllmConfig._set_cudagraph_sizes (2541): uniform_decode_sizes, "
+                             "the config both runners read"})
+
+# Every known fix: the V2 runner's rules, where they come from it, and vLLM PR #55123's assertion.
+FIXED = Stack("fixed", "every known fix applied (the default): the V2 runner's rules and vLLM PR #55123's assertion",
+              replace(MRV2.rules, assert_full_past_prompt=True),
+              {r: (_FIXES[r] if r == "assert_full_past_prompt" else f"{_FIXES[r]}; as {MRV2.sources[r]}")
+               for r in _FIXES})
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
-    Stack("fixed", "every known fix applied (the default)", ControlRules(), _FIXES),
+    FIXED,
     Stack("vllm-0.33-mrv1", "vLLM 0.33.0, the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0), CUDA and XPU",
           ControlRules(uniform_decode=UniformDecode.SHAPE, assert_full_past_prompt=False,
                        first_chunk=FirstChunk.IS_PREFILLING, clear_finished_row=True, dummy_commits_block_table=True,
@@ -92,12 +129,14 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
                                   "a row is a spec row only when its query is its drafts plus one",
            "decode_capture_sizes": _V026 + "config/vllm.py: VllmConfig._set_cudagraph_sizes: the token grid "
                                    "and the step budget alone"}),
+    MRV2,
 )}
 
 RULES = tuple(f.name for f in fields(ControlRules))
 
 for _s in STACKS.values():  # every rule of every profile says where it was read
     assert set(_s.sources) == set(RULES), _s.name
+assert FIXED.rules == ControlRules(), "the rules' defaults are the fixed stack's"
 
 
 def stack(name: str) -> Stack:

@@ -121,20 +121,21 @@ class Lockstep:
     state cache; `opts` (`hazards.options_for`) says what the case's knobs change in each copy and
     in the runner. `step()` returns a failure (graph hazard / corruption) or None; kernel findings
     go to `kernel_findings`. `check`: "device" (`checks.DeviceCheck`: one read per step, whole state,
-    weights) or "host" (`checks.HostCheck`: per-tensor comparisons on the host)."""
+    weights) or "host" (`checks.HostCheck`: per-tensor comparisons on the host). `paths`: where both
+    runners' control decisions come from (`capture.control`; None: the mirror's under `opts.control`)."""
 
     def __init__(self, make_copy, provider, mode="piecewise", opts: Options = Options(), sizes=None,
                  max_tokens=64, trace=None, check: str = "device", weight_every: int = 1,
-                 reference: ReferenceCopy | None = None, max_num_seqs: int = 8):
+                 reference: ReferenceCopy | None = None, max_num_seqs: int = 8, paths=None):
         if check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}")
         self.provider, self.trace = provider, trace
         self.eager_copy = make_copy(opts.eager_island)
         self.replay_copy = make_copy(opts.replay_island)
-        self.eager = EagerRunner(self.eager_copy, opts.control)
+        self.eager = EagerRunner(self.eager_copy, opts.control, paths)
         self.graph = GraphRunner(self.replay_copy, provider, mode=mode, sizes=sizes,
                                  opts=opts.runner, max_tokens=max_tokens, rules=opts.control,
-                                 max_num_seqs=max_num_seqs)
+                                 max_num_seqs=max_num_seqs, paths=paths)
         self.probe = ChainProbe(make_copy(opts.eager_island), self.graph)
         self.check = (DeviceCheck({**copy_weights(self.eager_copy), **copy_weights(self.replay_copy)}, weight_every)
                       if check == "device" else HostCheck(provider, self._compare))
@@ -359,8 +360,8 @@ class Lockstep:
 def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise", opts: Options = Options(),
                  sizes=None, trace=None, progress=None, max_tokens=64, check: str = "device",
                  weight_every: int = 1, reference: ReferenceCopy | None = None,
-                 max_num_seqs: int = 8) -> LockstepResult:
+                 max_num_seqs: int = 8, paths=None) -> LockstepResult:
     ls = Lockstep(make_copy, provider, mode, opts, sizes,
                   max(max_tokens, max((b.num_tokens for b in batches), default=1)), trace, check, weight_every,
-                  reference, max_num_seqs)
+                  reference, max_num_seqs, paths)
     return ls.result(ls.run(batches, progress))

@@ -43,7 +43,12 @@ FOUND_HERE = (
      "chunk; its smallest stream: 1 request, prompt 2, k=2, a step budget of 3, preempted after one decode that kept "
      "its 3 tokens, recomputed in chunks of 3 and 3 (with a block size of 3, from its own cached block in one chunk "
      "of 3); first divergence at the last chunk (step 3); stated by `tests/test_resumed_recompute.py` and "
-     "`tests/test_vllm_schedule.py`. The runner's side is this rebuild's."),
+     "`tests/test_vllm_schedule.py`. The runner's side is this rebuild's. Shown through "
+     "vLLM 0.33.0's own scheduler and V1 runner decisions with PR #53059's hunk applied (`--control vllm --patch "
+     "patches/vllm_pr53059.py`): the last chunk replays the FULL graph, which reads the rows the request's last "
+     "decode staged before its preemption; the same with PR #47123's hunk, and clean under the V2 runner's decisions "
+     "(`tests/test_vllm_control.py`). `repro report` of that finding writes the upstream report, with a script that "
+     "needs only torch and vLLM 0.33.0 (exit 1; 0 with the V2 rule)."),
 )
 
 CHANGED_IN_034 = (

@@ -19,8 +19,9 @@ BLIND_MODE = "full"  # vLLM's default CUDAGraphMode for these models: FULL_AND_P
 
 
 def is_blind(o) -> bool:
-    """No hazard planted and a stack profile other than the fixed one: the profile itself is searched."""
-    return not o.hazards and o.stack != "fixed"
+    """No hazard planted and a stack profile other than the fixed one, or the installed vLLM's own
+    decisions (`--control vllm`): the profile, or vLLM as patched, is searched."""
+    return not o.hazards and (o.stack != "fixed" or getattr(o, "control", "mirror") != "mirror")
 
 
 def hunt_mode(o, default: str) -> str:

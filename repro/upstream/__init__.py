@@ -10,5 +10,5 @@ vLLM, so the rest stays torch-only and `import repro` never needs it.
   (`repro.control.dispatch`, `.builder`, `.input_batch`), so a test feeds both the same inputs;
 - `schedule`, `rows`: vLLM's V1 `Scheduler` driven by a suite `Sequence`, the V1 runner's rows of
   each step rebuilt on vLLM's `InputBatch`: the `StepBatch`es vLLM makes of the sequence;
-- `compare`: the conformance run (`repro conform`), the same generated inputs through both.
+- the conformance run (`repro conform`) lives beside it in `repro/conform`: the same generated inputs through both.
 """

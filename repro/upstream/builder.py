@@ -45,14 +45,15 @@ FIELDS = {
 
 
 class Builder:
-    """One `GDNAttentionMetadataBuilder` of the GDN layers under `cfg` (module docstring)."""
+    """One `GDNAttentionMetadataBuilder` of the GDN layers under `cfg` (module docstring), its
+    persistent buffers on `device`."""
 
-    def __init__(self, up, cfg):
+    def __init__(self, up, cfg, device="cpu"):
         self.up, self.cfg = up, cfg
         self.spec = mamba_spec(up, cfg)
         self.k = cfg.num_speculative_tokens
         with up.config.set_current_vllm_config(cfg):
-            self.builder = up.gdn_attn.GDNAttentionMetadataBuilder(self.spec, ["gdn"], cfg, torch.device("cpu"))
+            self.builder = up.gdn_attn.GDNAttentionMetadataBuilder(self.spec, ["gdn"], cfg, torch.device(device))
         for name in BUFFERS:
             buf = getattr(self.builder, name)
             buf.fill_(True if buf.dtype == torch.bool else POISON)

@@ -64,6 +64,16 @@ MODULES = {
     "model_registry": "vllm.model_executor.models.registry",
 }
 
+# The V2 model runner's modules (`vllm/v1/worker/gpu/`), this release's only: `v2.py` drives them.
+V2_MODULES = {
+    "v2_runner": "vllm.v1.worker.gpu.model_runner",
+    "v2_cudagraph": "vllm.v1.worker.gpu.cudagraph_utils",
+    "v2_dp": "vllm.v1.worker.gpu.dp_utils",
+    "v2_mamba": "vllm.v1.worker.gpu.model_states.mamba_hybrid",
+    "worker_utils": "vllm.v1.worker.utils",
+    "parallel_state": "vllm.distributed.parallel_state",
+}
+
 # torchvision's two ops whose fake kernels its package registers at import (module docstring).
 TORCHVISION_FRAGMENT = (
     "import torch\n"
@@ -130,6 +140,11 @@ def conformance_platform(cuda, interface):
         def is_fully_connected(cls, physical_device_ids) -> bool:
             return False
 
+        def get_global_graph_pool(self):
+            """No device graph is captured through vLLM here (the suite captures its islands itself):
+            the V2 runner's `CudaGraphManager` keeps None as its pool."""
+            return None
+
     return ConformancePlatform()
 
 
@@ -156,7 +171,7 @@ def load() -> types.SimpleNamespace:
     """Import the control path and switch the platform (module docstring, in that order); the
     namespace holds each module by its name in `MODULES`, and what must stay alive."""
     keep = define_torchvision_ops()
-    mods = {short: importlib.import_module(name) for short, name in MODULES.items()}
+    mods = {short: importlib.import_module(name) for short, name in {**MODULES, **V2_MODULES}.items()}
     mods["model_registry"]._SUBPROCESS_COMMAND = model_info_command()
     platform = switch_platform()
     logging.getLogger("vllm").setLevel(logging.ERROR)  # its INFO lines would fill a conformance run's output

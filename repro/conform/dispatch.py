@@ -10,10 +10,10 @@ largest size, as a uniform decode and not.
 """
 from __future__ import annotations
 
-from ...control.dispatch import Dispatcher as Mirror, configured_sizes, default_capture_sizes
-from ...knobs.modes import parse_mode, resolve
-from ..config import vllm_config
-from ..dispatch import Dispatcher
+from ..control.dispatch import Dispatcher as Mirror, configured_sizes, default_capture_sizes
+from ..knobs.modes import parse_mode, resolve
+from ..upstream.config import vllm_config
+from ..upstream.dispatch import Dispatcher
 from .result import RuleResult
 
 RULES = {

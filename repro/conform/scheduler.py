@@ -25,11 +25,11 @@ cached block and so misses a prefix hit, that is counted as the explained "pool 
 """
 from __future__ import annotations
 
-from ...errors import BadInput
-from ...scheduler.scheduler import Scheduler
-from ...scheduler.steps import TICK_LIMIT
-from ...scheduler.tokens import draft, token
-from ..schedule import VllmScheduler
+from ..errors import BadInput
+from ..scheduler.scheduler import Scheduler
+from ..scheduler.steps import TICK_LIMIT
+from ..scheduler.tokens import draft, token
+from ..upstream.schedule import VllmScheduler
 from .result import RuleResult
 
 RULES = {

@@ -16,8 +16,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, Phase, given, seed as hseed, settings
 from hypothesis import strategies as st
 
-from ...search.strategies import sequences
-from ..case import Case
+from ..search.strategies import sequences
+from ..upstream.case import Case
 
 MODES = ("none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
 PRODUCTION_SEQS = (64, 128, 256, 512, 1024)

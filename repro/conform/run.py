@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ...knobs.stacks import Stack
-from ..case import Case
+from ..knobs.stacks import Stack
+from ..upstream.case import Case
 from . import builder, dispatch, input_batch, scheduler, steps
 from .inputs import cases_st, draw, sequences_st
 

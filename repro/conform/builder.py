@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...control.builder import Common, GDNMetadataBuilder, common_for, staging_rows
-from ...control.dispatch import prefilling, uniform_decode
-from ...control.input_batch import InputBatch
-from ...control.prefix import forward_copies
-from ...knobs.modes import Runtime, parse_mode
-from ..builder import BUFFERS, POISON, Builder, fields
-from ..config import vllm_config
-from ..dispatch import Dispatcher
+from ..control.builder import Common, GDNMetadataBuilder, common_for, staging_rows
+from ..control.dispatch import prefilling, uniform_decode
+from ..control.input_batch import InputBatch
+from ..control.prefix import forward_copies
+from ..knobs.modes import Runtime, parse_mode
+from ..upstream.builder import BUFFERS, POISON, Builder, fields
+from ..upstream.config import vllm_config
+from ..upstream.dispatch import Dispatcher
 from .dispatch import mirror_dispatcher
 from .explain import builder_difference
 from .result import RuleResult

@@ -2,8 +2,8 @@
 saved results, `tools/conformance_doc.py`): neither needs vLLM, only the result's JSON."""
 from __future__ import annotations
 
-from ...knobs.stacks import STACKS
-from ..load import TOX_ENV
+from ..knobs.stacks import STACKS
+from ..upstream.load import TOX_ENV
 from .explain import EXPLAINED, NOT_RUN, START_VALUES
 
 

@@ -6,9 +6,9 @@ against the lines of `GPUModelRunner._prepare_inputs` that compute `num_decode_d
 flag and builds no draft counts)."""
 from __future__ import annotations
 
-from ...control.builder import draft_counts
-from ...control.dispatch import prefilling, uniform_decode
-from .. import runner
+from ..control.builder import draft_counts
+from ..control.dispatch import prefilling, uniform_decode
+from ..upstream import runner
 from .result import RuleResult
 
 RULES = {

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...control.input_batch import InputBatch as Mirror
-from ..config import vllm_config
-from ..input_batch import InputBatch
+from ..control.input_batch import InputBatch as Mirror
+from ..upstream.config import vllm_config
+from ..upstream.input_batch import InputBatch
 from .result import RuleResult
 
 RULES = {
