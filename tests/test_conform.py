@@ -11,12 +11,11 @@ from repro.knobs.stacks import stack
 from repro.upstream import load as upstream
 from repro.conform import builder as builder_family
 from repro.conform.explain import EXPLAINED, ONLY_IN
-from repro.conform.inputs import draw, sequences_st
-from repro.conform.run import CLAIMS, Budget, builder_pairs, conform
+from repro.conform.run import CLAIMS, Budget, conform
 
 MISSING = upstream.why_not()
 pytestmark = [pytest.mark.conformance, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
-FAMILIES = ("dispatch", "steps", "builder", "input batch")
+FAMILIES = ("dispatch", "steps", "scheduler", "builder", "input batch")
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +62,8 @@ def test_the_builders_old_staging_limit_is_a_difference(up, cache, monkeypatch):
     """Sized as the runner sized it before (max(max_num_seqs, largest size) rows, and that many rows
     times 1+K tokens), the mirror stages spec batches vLLM does not: the builder family says so."""
     monkeypatch.setattr(builder_family, "staging_rows", lambda seqs, sizes, k: max(seqs, max(sizes, default=1)))
-    seqs = {(2, None): draw(sequences_st(2, None, data_parallel=True), 30, 0)}
-    (r,), _ = builder_family.run(up, builder_pairs(seqs, cache), stack(claiming(up)).rules)
+    res = conform(up, stack(claiming(up)), Budget(cases=1, sequences=6), seed=0, cache=cache)
+    r = next(r for r in res.results if r.rule == "gdn builder")
     assert r.unexplained and r.first.field.startswith(("buffer", "staged")), r.first.line()
 
 

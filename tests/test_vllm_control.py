@@ -81,7 +81,9 @@ def test_vllms_v2_runner_calls_a_batch_uniform_by_the_phase_aware_rule(tiny_path
     decides as the vllm-0.33-mrv2 profile's rule (the phase-aware rule, the fixed stack's), and its graph
     manager replays FULL exactly those steps whose tokens fit one of its FULL keys (the capture sizes
     rounded up to 1+k, within the largest size: `CudaGraphManager._init_candidates`)."""
-    seq = default_sequence(0, 120, spec_tokens=k, block_size=block)
+    # seed 4: a stream with uniform decodes within the largest FULL size at each K and block size (seed 0's,
+    # with block 4, decodes 5 requests at once: 15 tokens, above that size)
+    seq = default_sequence(4, 120, spec_tokens=k, block_size=block)
     with _paths("vllm-v2", tiny_path, block) as paths:
         v2 = paths.graph(*_geometry(seq, k))
         top = max(d.num_tokens for m, ds in v2.manager._capture_descs.items() if m.name == "FULL" for d in ds)
