@@ -80,6 +80,9 @@ class Hazard:
     # Why a fused GDN core (vllm-xpu-kernels' `gdn_attention`: `kernels/gdn/xpu_semantics.py`) refuses this
     # hazard's configuration, its repairs' too ("": it runs it); `docs/real-bugs.md` lists it.
     fused_refused: str = ""
+    # How its outcome under the fused GDN core differs from the CUDA kernels' ("": it does not, or no reason
+    # is known); `docs/real-bugs.md` writes it beside the differing hunt.
+    fused_note: str = ""
 
     def __post_init__(self):
         validate(self.sets)
@@ -135,7 +138,12 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            ("past-prompt-uniform", "no-hybrid-prefill", "replay-assert"),
            {"control.uniform_decode": UniformDecode.SHAPE, "control.assert_full_past_prompt": False},
            modes=("full",), spec_tokens=2, record=True, cases="vLLM #53051, #49918", standalone=True,
-           script="repro/report/standalone/vllm_53051.py", trigger="prompt-as-decode"),
+           script="repro/report/standalone/vllm_53051.py", trigger="prompt-as-decode",
+           fused_note="The FULL graph's spec kernels run the prompt on the capture's null indices, and none skips 0 "
+           "(rules 3 and 7): at the first step block 0 still holds zeros, the start a new prompt has, so the output is "
+           "right, and every column's state goes to the null block instead of the request's own; its next decode "
+           "starts from its never-written block. A later prompt replayed the same way starts from what this one left "
+           "in block 0 (`tests/test_xpu_runs.py`)."),
     Hazard("first-chunk-as-decode", "a request's one-token first chunk is classed as a decode, so the decode kernels "
            "continue from its recycled state block instead of starting from zero (both copies alike: the third copy "
            "sees it)", ("is-prefilling-first-chunk",), {"control.first_chunk": FirstChunk.QUERY_LEN},

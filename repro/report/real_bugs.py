@@ -161,15 +161,6 @@ def _outcome(entry: dict | None):
 
 # Why a record hazard's outcome under the fused core differs from the default providers' (beside its
 # table row's cells; a hazard the core refuses says why in the hazard table, `fused_refused`).
-FUSED_WHY = {
-    "shape-only-uniform-decode": "The FULL graph's spec kernels run the prompt on the capture's null indices, and "
-    "none skips 0 (rules 3 and 7): at the first step block 0 still holds zeros, the start a new prompt has, so the "
-    "output is right, and every column's state goes to the null block instead of the request's own; its next decode "
-    "starts from its never-written block. A later prompt replayed the same way starts from what this one left in "
-    "block 0 (`tests/test_xpu_runs.py`).",
-}
-
-
 def _fused(results: list[tuple[str, dict]]) -> list[str]:
     """The section on the B70's fused GDN core: its rules as read, what is unknown, and where the
     record's outcomes under it differ from the default providers'."""
@@ -196,7 +187,7 @@ def _fused(results: list[tuple[str, dict]]) -> list[str]:
                            f"{_trigger(ta)}; {lab}: {_trigger(tb)}), so their outcomes are not compared here.")
                 continue
             out.append(f"- `{h.name}` differs under {lab}: {base_label}: {_hurt(a)}; {lab}: {_hurt(b)}. "
-                       f"{FUSED_WHY.get(h.name, '')}".rstrip())
+                       f"{h.fused_note}".rstrip())
     return out
 
 
