@@ -14,6 +14,7 @@ from repro.knobs import hazards as hz
 from repro.knobs.control import Control, check, decided_by_vllm
 from repro.upstream import load as upstream
 from repro.upstream.patches import applied, read, shipped
+from repro.upstream import paths
 from repro.upstream.paths import ready
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,6 +129,15 @@ def test_without_vllm_a_vllm_source_is_refused_naming_the_tox_environment(monkey
     with pytest.raises(upstream.UpstreamMissing, match=r"--control vllm: vLLM is not installed .*`tox -e vllm033`"):
         ready(Control("vllm"))
     ready(Control())  # the mirror needs nothing
+
+
+def test_another_release_than_the_driven_one_is_refused_naming_it(monkeypatch):
+    """The runners' decisions are rebuilt around 0.33.0's model runners: with 0.26.0 installed (its seam
+    serves `repro conform`), `--control vllm` is refused in one line naming the release it drives."""
+    for where in (upstream, paths):
+        monkeypatch.setattr(where, "installed", lambda: "0.26.0")
+    with pytest.raises(upstream.UpstreamMissing, match=r"--control vllm: vLLM 0.26.0 is installed; .* vLLM 0.33.0's"):
+        ready(Control("vllm"))
 
 
 @pytest.mark.skipif(upstream.installed() is not None, reason="vLLM is installed here: this checks the command without it")

@@ -124,6 +124,9 @@ def test_a_resumed_recompute_ends_in_a_chunk_of_1_plus_k_past_its_prompt(block, 
 
 @pytest.mark.parametrize("block,prompt,chunk", SMALLEST, ids=["no-block", "block3", "block4"])
 def test_no_smaller_single_request_stream_ends_so(block, prompt, chunk, cache):
+    if block == 4 and upstream.installed() != "0.33.0":
+        pytest.skip(f"vLLM {upstream.installed()}'s scheduler never finishes a block-4 stream with a step budget of 3 "
+                    "(the search's smallest budget); the bound is 0.33.0's")
     found = []
     for budget in (3, 4, 5):
         for p in range(1, 7):

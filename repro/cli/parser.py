@@ -274,16 +274,18 @@ def _bench(sub) -> None:
 
 
 def _conform(sub) -> None:
+    from ..conform.budget import Budget
     from ..knobs.stacks import STACKS
     s = sub.add_parser("conform", help="the mirror's control rules against the installed vLLM's own code (needs "
                                        "vLLM: tox -e vllm033 or vllm026)")
     s.add_argument("--stack", default=None, choices=list(STACKS),
                    help="the stack profile whose rules the mirror runs (default: the one that claims the installed "
                         "release; another one is a negative control)")
-    s.add_argument("--cases", type=count(1), default=300, help="runner configurations of the dispatch family (300)")
-    s.add_argument("--sequences", type=count(1), default=70,
+    s.add_argument("--cases", type=count(1), default=Budget.cases,
+                   help=f"runner configurations of the dispatch family ({Budget.cases})")
+    s.add_argument("--sequences", type=count(1), default=Budget.sequences,
                    help="request sequences for each K (0..3) and block size of the step families, three times as "
-                        "many for the input batch (70)")
+                        f"many for the input batch ({Budget.sequences})")
     s.add_argument("--seed", type=count(0), default=0, help="the inputs' seed (the same seed draws the same inputs)")
     s.add_argument("--json", help="write the result here")
     s.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -1,18 +1,20 @@
 """A conformance run: every rule family of the mirror against the installed vLLM's code, under one
 stack profile, over inputs drawn from the suite's strategies (`inputs`).
 
-`conform(up, stack, budget, seed)` runs the four families and returns a `Conformance`:
+`conform(up, stack, budget, seed)` runs the five families and returns a `Conformance`:
 - dispatch (`dispatch.py`): `budget.cases` runner configurations;
 - steps (`steps.py`): the uniform-decode decision and the draft bookkeeping on every step;
-- builder (`builder.py`): the GDN builder on every build call of each sequence's control path;
-- input batch (`input_batch.py`): every call on the persistent batch;
 - scheduler (`scheduler.py`): vLLM's V1 scheduler and the mirror's on the same request streams, step
   by step;
-the steps, the builder and the scheduler over `budget.sequences` request sequences for each K in 0..3 with and
-without a block size (the builder's under the graph modes and capture lists in turn), the input
-batch over three times as many for each K without a block size (a growing row is the runner's
+- builder (`builder.py`): the GDN builder on every build call of each sequence's control path;
+- input batch (`input_batch.py`): every call on the persistent batch;
+the steps, the scheduler and the builder over `budget.sequences` request sequences for each K in 0..3
+with and without a block size (the builder's under the graph modes and capture lists in turn), the
+input batch over three times as many for each K without a block size (a growing row is the runner's
 `_update_states`, not run here; its calls are cheap, and the family needs as many calls as the
-others).
+others). Against a release whose block-aligned scheduling the mirror does not follow
+(`scheduler.ALIGN_RELEASE`) the scheduler compares the streams without a block size, the input
+batch's among them, so that it too makes 10,000 calls.
 
 `CLAIMS` is the release each profile says it is; the `fixed` profile's rules come from vLLM's V2
 runner and its fix PRs, which need Triton and a GPU (the V2 runner is not importable without
@@ -27,18 +29,13 @@ from pathlib import Path
 from ..knobs.stacks import Stack
 from ..upstream.case import Case
 from . import builder, dispatch, input_batch, scheduler, steps
+from .budget import Budget
 from .inputs import cases_st, draw, sequences_st
 
 CLAIMS = {"vllm-0.33-mrv1": "0.33.0", "vllm-0.26": "0.26.0"}
 MODES = ("full_and_piecewise", "full_decode_only", "piecewise", "full")
 SIZES = ((1, 2, 4, 8), None, (1, 2, 3, 4, 6, 9), (2, 4, 8, 16))
 COMBOS = tuple((k, bs) for k in (0, 1, 2, 3) for bs in (None, 4, 8) if bs is None or bs > k)
-
-
-@dataclass(frozen=True)
-class Budget:
-    cases: int = 300  # runner configurations of the dispatch family
-    sequences: int = 70  # request sequences for each (K, block size) of the step families (3x for the input batch)
 
 
 @dataclass
@@ -103,14 +100,19 @@ def conform(up, stack: Stack, budget: Budget = Budget(), seed: int = 0, note=Non
             for k, bs in COMBOS}
     t0 = time.monotonic()
     family("steps", steps.run(up, [s for ss in seqs.values() for s in ss], rules), t0)
+    plain = [(Case(spec_tokens=k, max_num_seqs=s.num_slots, max_num_batched_tokens=s.max_tokens, cache=cache), s)
+             for k in (0, 1, 2, 3) for s in draw(sequences_st(k, None, data_parallel=True), 3 * budget.sequences,
+                                                 seed + 100 + k)]
     t0 = time.monotonic()
-    family("scheduler", scheduler.run(up, [s for ss in seqs.values() for s in ss], rules, cache), t0)
+    # against a release whose block-aligned scheduling the mirror does not follow, the streams without a
+    # block size are all the scheduler family compares: it takes the input batch's too
+    streams = [s for ss in seqs.values() for s in ss]
+    if up.version != scheduler.ALIGN_RELEASE:
+        streams += [s for _, s in plain]
+    family("scheduler", scheduler.run(up, streams, rules, cache), t0)
     t0 = time.monotonic()
     results, out.unwritten_replays = builder.run(up, builder_pairs(seqs, cache), rules)
     family("builder", results, t0)
     t0 = time.monotonic()
-    plain = [(Case(spec_tokens=k, max_num_seqs=s.num_slots, max_num_batched_tokens=s.max_tokens, cache=cache), s)
-             for k in (0, 1, 2, 3) for s in draw(sequences_st(k, None, data_parallel=True), 3 * budget.sequences,
-                                                 seed + 100 + k)]
     family("input batch", input_batch.run(up, plain, rules), t0)
     return out

@@ -19,11 +19,14 @@ from ..errors import BadInput
 from ..knobs.control import Control
 from .case import Case
 from .config import vllm_config
-from .load import UpstreamMissing, installed, load, why_not
+from .load import TOX_ENV, UpstreamMissing, installed, load, why_not
 from .metadata import NULL_BLOCK_ID
 from .patches import applied, read
 from .v1 import V1EagerPath, V1Path
 from .v2 import V2EagerPath, V2Path
+
+
+DRIVES = "0.33.0"  # the release whose model runners `v1.py` and `v2.py` drive
 
 
 class VllmPaths:
@@ -70,12 +73,24 @@ class VllmPaths:
         return (V2EagerPath if self.control.runner == "v2" else V1EagerPath)(self.up, cfg, device)
 
 
+def why_not_drive() -> str | None:
+    """Why a vLLM control source would be refused here (one line), or None: vLLM missing, or a release
+    other than `DRIVES` (the runners' decisions are rebuilt around 0.33.0's V1 and V2 model runners;
+    0.26.0's seam serves the conformance run and its scheduler only)."""
+    problem = why_not()
+    if problem is None and installed() != DRIVES:
+        problem = (f"vLLM {installed()} is installed; the runners' decisions are driven from vLLM {DRIVES}'s model "
+                   f"runners (`tox -e {TOX_ENV[DRIVES]}`)")
+    return problem
+
+
 def ready(control: Control) -> None:
-    """Refuse, before any work, a vLLM source where vLLM is missing (one line naming the tox
-    environments that install it) or a patch file that breaks the contract (`patches.read`)."""
+    """Refuse, before any work, a vLLM source where vLLM is missing or another release than `DRIVES`
+    (one line naming the tox environment that installs it) or a patch file that breaks the contract
+    (`patches.read`)."""
     if not control.upstream:
         return
-    problem = why_not()
+    problem = why_not_drive()
     if problem:
         raise UpstreamMissing(f"--control {control.source}: {problem}")
     for p in control.patches:
