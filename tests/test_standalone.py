@@ -16,7 +16,7 @@ from repro.knobs import hazards as hz
 from repro.cli.app import main
 from repro.report import SCRIPT, load_result, write_report
 from repro.report.script import knobs
-from repro.report.standalone.generate import ROOTS, TEMPLATE, math_source, script_options
+from repro.report.standalone.generate import ROOTS, math_source, script_options, template
 
 STANDALONE = [h.name for h in hz.HAZARDS.values() if h.standalone]
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_the_template_keeps_no_copy_of_the_kernels():
     """The hand-written template defines no kernel of its own: a kernel name defined there would be
     a second copy that can drift."""
     _, names = math_source()
-    defined = set(re.findall(r"^def (\w+)", TEMPLATE.read_text(), re.M))
+    defined = set(re.findall(r"^def (\w+)", template(), re.M))
     assert not defined & set(names), defined & set(names)
 
 
