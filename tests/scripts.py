@@ -3,19 +3,31 @@ as a module (to count what its runner reaches) or run the way a maintainer would
 no PYTHONPATH, nothing of this suite)."""
 import importlib.util
 import json
+import linecache
 import os
 import subprocess
 import sys
+import types
 
 from repro.cli.app import main
 from repro.report import SCRIPT, load_result, write_report
+from repro.report.standalone.generate import template
 
 
 def module(path, name):
-    """The file at `path` imported as module `name` (the template, or a written script)."""
+    """The file at `path` imported as module `name` (a written script)."""
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def template_module(name):
+    """The script's template (its parts joined, nothing filled in) as module `name`."""
+    text, where = template(), f"<standalone template {name}>"
+    linecache.cache[where] = (len(text), None, text.splitlines(True), where)  # tracebacks show its lines
+    mod = types.ModuleType(name)
+    exec(compile(text, where, "exec"), mod.__dict__)
     return mod
 
 

@@ -93,8 +93,6 @@ LAYERS = (
     ("repro.commands",),  # each command's config and function: composes the library, never imported by it
     ("repro.cli", "repro.__main__"),
 )
-# The standalone script's template is written into a report whole: one file by design.
-LONG_OK = {"repro/report/standalone/gdn_chain.py"}
 
 
 def layer_of(module: str) -> int:
@@ -141,8 +139,10 @@ def test_no_library_package_imports_the_commands():
 
 
 def test_no_module_over_400_lines():
-    long = sorted(str(p.relative_to(ROOT)) for pkg in ("repro", "kernels") for p in (ROOT / pkg).rglob("*.py")
-                  if len(p.read_text().splitlines()) > 400 and str(p.relative_to(ROOT)) not in LONG_OK)
+    """Modules, and the parts the standalone script's template is kept in (`*.py.in`: joined into the
+    script, not modules, so the import graph above passes them by)."""
+    long = sorted(str(p.relative_to(ROOT)) for pkg in ("repro", "kernels") for suffix in ("*.py", "*.py.in")
+                  for p in (ROOT / pkg).rglob(suffix) if len(p.read_text().splitlines()) > 400)
     assert not long, long
 
 

@@ -14,8 +14,7 @@ from repro.capture.runner import GraphRunner
 from repro.control.builder import Common
 from repro.graphs import make_provider
 from repro.islands import Model
-from repro.report.standalone.generate import TEMPLATE
-from tests.scripts import module
+from tests.scripts import template_module
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +61,7 @@ def test_with_vllms_default_sizes_the_limit_is_the_largest_rounded_size(model, s
 
 def test_the_generated_scripts_builder_has_the_same_limit(model):
     """The template's builder, sized as its runner sizes it, stages the 2-row step and not the 3-row one."""
-    t = module(TEMPLATE, "template_staging")
+    t = template_module("template_staging")
     b = t.MetadataBuilder(2, min(8 * 3, max(t.capture_sizes((1, 2, 4, 8), True, 2))), "cpu", True, 0, "is-prefilling")
     st = lambda n: {"query_lens": [3] * n, "draft_lens": [2] * n, "num_computed": [9] * n, "prompt_lens": [1] * n,
                     "num_accepted": [2] * n, "blocks": [[3 * i + 1, 3 * i + 2, 3 * i + 3] for i in range(n)],

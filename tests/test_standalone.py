@@ -16,7 +16,7 @@ from repro.knobs import hazards as hz
 from repro.cli.app import main
 from repro.report import SCRIPT, load_result, write_report
 from repro.report.script import knobs
-from repro.report.standalone.generate import ROOTS, TEMPLATE, math_source, script_options
+from repro.report.standalone.generate import ROOTS, math_source, script_options, template
 
 STANDALONE = [h.name for h in hz.HAZARDS.values() if h.standalone]
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_the_template_keeps_no_copy_of_the_kernels():
     """The hand-written template defines no kernel of its own: a kernel name defined there would be
     a second copy that can drift."""
     _, names = math_source()
-    defined = set(re.findall(r"^def (\w+)", TEMPLATE.read_text(), re.M))
+    defined = set(re.findall(r"^def (\w+)", template(), re.M))
     assert not defined & set(names), defined & set(names)
 
 
@@ -73,7 +73,9 @@ def test_standalone_rows_set_only_options_the_template_rebuilds():
 def test_no_hazard_or_repair_name_is_written_by_hand_in_the_report_or_the_template():
     """Names live in repro/knobs/hazards.py; the report and the script get them from the table."""
     names = list(hz.HAZARDS) + list(hz.REPAIRS)
-    files = sorted((ROOT / "repro" / "report").glob("*.py")) + sorted((ROOT / "repro" / "standalone").glob("*.py"))
+    report = ROOT / "repro" / "report"
+    files = sorted(report.rglob("*.py")) + sorted(report.rglob("*.py.in"))  # the template's parts too
+    assert (report / "standalone" / "generate.py") in files and len([f for f in files if f.suffix == ".in"]) > 1
     for f in files:
         text = f.read_text()
         for n in names:

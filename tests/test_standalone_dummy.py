@@ -12,8 +12,7 @@ import pytest
 from repro.control.input_batch import InputBatch
 from repro.knobs.options import ControlRules
 from repro.report import SCRIPT, standalone_gap
-from repro.report.standalone.generate import TEMPLATE
-from tests.scripts import module, report, run_script
+from tests.scripts import module, report, run_script, template_module
 
 
 @pytest.mark.parametrize("clear, zero_source", list(product((True, False), repeat=2)))
@@ -21,7 +20,7 @@ def test_the_templates_block_table_is_the_suites(clear, zero_source):
     """Random steps of requests arriving, finishing, resuming with new blocks and condensing, each
     followed by a commit of some rows: the script's rows, table and committed copy equal the suite's
     after every step, under each form of the two rules that clear a row."""
-    t = module(TEMPLATE, "template_ib")
+    t = template_module("template_ib")
     rules = ControlRules(clear_finished_row=clear, move_row_zeroes_source=zero_source)
     opts = {"control.clear_finished_row": clear, "control.move_row_zeroes_source": zero_source}
     width, rows = 3, 6

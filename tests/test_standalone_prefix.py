@@ -11,8 +11,7 @@ from repro.control.input_batch import InputBatch
 from repro.control.prefix import forward_copies, state_block_columns
 from repro.job.cases import default_sequence
 from repro.report import SCRIPT, standalone_gap
-from repro.report.standalone.generate import TEMPLATE
-from tests.scripts import module, report, run_script
+from tests.scripts import module, report, run_script, template_module
 
 BS = 4
 
@@ -23,7 +22,7 @@ def test_the_templates_prefix_rules_are_the_suites(k):
     steps): the script's forward copies and accepted counts (`preprocess_mamba`), its state columns
     (`mamba_get_block_table_tensor`, mode "align") and its block table, whose rows grow in place,
     equal the suite's at every step."""
-    t = module(TEMPLATE, f"template_prefix{k}")
+    t = template_module(f"template_prefix{k}")
     batches = default_sequence(0, 300, spec_tokens=k, block_size=BS, data_parallel=True).batches()
     ours, theirs = InputBatch(16, 1 + k, 0), t.InputBatch(16, 1 + k, 0, t.OPTION_DEFAULTS)
     moved = hit = 0

@@ -13,8 +13,7 @@ from repro.control.builder import draft_counts
 from repro.knobs.options import ControlRules
 from repro.knobs.modes import parse_mode
 from repro.report import SCRIPT
-from repro.report.standalone.generate import TEMPLATE
-from tests.scripts import module, report, run_script
+from tests.scripts import module, report, run_script, template_module
 
 # the one-request sequence a blind hunt of vllm-0.33-mrv1 at K = 2 shrinks to: a 3-token prompt
 PROMPT_OF_1_PLUS_K = {
@@ -29,7 +28,7 @@ PROMPT_OF_1_PLUS_K = {
 def test_the_templates_capture_sizes_and_draft_counts_are_the_suites():
     """The script rounds capture sizes (`adjust_cudagraph_sizes_for_spec_decode`) and counts a row's
     drafts (`_prepare_inputs`) as `repro.control` does, for every mode, K and row shape drawn."""
-    t = module(TEMPLATE, "template")
+    t = template_module("template")
     for name, k in product(("none", "piecewise", "full_decode_only", "full_and_piecewise"), range(5)):
         mode = parse_mode(name)
         sizes = dispatch.default_capture_sizes(8, 16 * (1 + k), k)

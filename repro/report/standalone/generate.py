@@ -1,5 +1,5 @@
 """Assemble the standalone script: the suite's own reference kernels, copied in by source, plus
-the hand-written driver in `gdn_chain.py`.
+the hand-written driver, kept in parts in `gdn_chain/` and joined here into the one file written.
 
 Why: the script used to carry a second, hand-kept copy of the kernel math, which had already
 drifted (plain `.mean` where the suite sums in a fixed order, a token-by-token prefill where the
@@ -20,7 +20,12 @@ import textwrap
 import types
 from pathlib import Path
 
-TEMPLATE = Path(__file__).with_name("gdn_chain.py")
+# The driver's parts, in the order the script carries them. They are pieces of one script, not
+# modules: each reads names the others define (and the kernels pasted in at the math marker), so
+# none imports on its own. Hence the `.py.in` suffix: the package's module walk (tests/test_imports.py)
+# and an import by name pass them by; ruff lints them as Python (pyproject.toml).
+PARTS = ("head", "math", "weights", "islands", "control", "builder", "graphs", "lockstep")
+PARTS_DIR = Path(__file__).with_name("gdn_chain")
 SPEC_MARKER = "SPEC_JSON = None  # @SPEC@ (filled in by `repro report`)"
 MATH_MARKER = "# @MATH@ (the suite's reference kernels, copied in by `repro report`)"
 
@@ -117,14 +122,32 @@ def math_source() -> tuple[str, list[str]]:
     return "\n".join(lines) + "\n", sorted(consts) + [f.__name__ for f in order]
 
 
+def _body(name: str, text: str) -> str:
+    """A part as the script carries it: without its own docstring (which tells this repository's
+    reader what the part is), save the head's, which is the script's."""
+    if name == PARTS[0]:
+        return text
+    first = ast.parse(text).body[0]
+    if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)):
+        raise GenerationError(f"the template part {name}.py.in lost its docstring")
+    return "\n".join(text.splitlines()[first.end_lineno:])
+
+
+def template() -> str:
+    """The script's template: its parts joined in order, two blank lines apart (top-level code's
+    spacing), the markers not yet filled in."""
+    parts = [_body(name, (PARTS_DIR / f"{name}.py.in").read_text()).strip("\n") for name in PARTS]
+    return "\n\n\n".join(parts) + "\n"
+
+
 def render_script(spec: dict) -> str:
     """The template with the generated math and `spec` (the steps, shapes, knobs) filled in."""
-    template = TEMPLATE.read_text()
+    template_text = template()
     for marker in (SPEC_MARKER, MATH_MARKER, "@TITLE@", "@NEEDS@"):
-        if marker not in template:
+        if marker not in template_text:
             raise GenerationError(f"the standalone template lost its marker {marker!r}")
     math, _ = math_source()
-    text = template.replace(MATH_MARKER, math.rstrip(), 1)
+    text = template_text.replace(MATH_MARKER, math.rstrip(), 1)
     text = text.replace(SPEC_MARKER, "SPEC_JSON = " + repr(json.dumps(spec, separators=(",", ":"))), 1)
     text = text.replace("@NEEDS@", needs(spec), 1)
     return text.replace("@TITLE@", spec["title"].replace('"""', "'''"), 1)
@@ -140,7 +163,7 @@ def needs(spec: dict) -> str:
 def script_options() -> dict:
     """The options the template rebuilds (its OPTION_DEFAULTS), read from the template itself so
     the list is written once."""
-    tree = ast.parse(TEMPLATE.read_text())
+    tree = ast.parse(template())
     for node in tree.body:
         if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["OPTION_DEFAULTS"]:
             return ast.literal_eval(node.value)
