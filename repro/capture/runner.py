@@ -130,6 +130,8 @@ class GraphRunner:
         self.player = Replayer(provider, lambda: self.opts, self.notes)
         self._lint = LintSchedule(opts.lint_every)  # when the eager splitting op is linted
         self.last: tuple[Runtime, BatchDescriptor] | None = None  # the last step's dispatch
+        # the last step's padded rows a later piece reads (`watch_padding`); empty: no padding
+        self.padding: dict[str, torch.Tensor] = {}
         for isl in copy.islands():
             isl.escape = provider.escape
 
@@ -205,6 +207,7 @@ class GraphRunner:
 
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
         c = self.copy
+        self.padding = {}
         self._update_states(batch)
         runtime, desc = self.last = self.dispatch(batch)
         if batch.dummy:
@@ -236,6 +239,7 @@ class GraphRunner:
                 held = {k: o[k] for k in Submod0.outputs}
                 o1 = {k: o[k] for k in Submod1.outputs}
                 fresh = None
+                self.watch_padding(n, size, o, o1)
             else:
                 held, fresh, o1 = self._step_piecewise(cap, batch, meta)
             o1 = self.player.read(o1, batch.step)
@@ -285,9 +289,20 @@ class GraphRunner:
                     ins[k].copy_(o0[k])
         o1 = self._run_piece(cap.pieces[1], lambda: c.submod1(core_out=fresh, z=o0["z"][:n],
                                                                residual=o0["residual"][:n]))
+        self.watch_padding(n, size, ins if ins is not None else o0, o1)
         if cap.owned0 is not None:
             fresh = ins["core_out"][:n]  # the holder's copy, out of the pool
         return held, fresh, o1
+
+    def watch_padding(self, n: int, size: int, into: dict, o1: dict) -> None:
+        """The step's padded rows (n..size-1) that a later piece reads: what graph 1 takes in
+        (`into`: graph 0's outputs and the splitting op's buffer, or the runner-owned copies it
+        reads) and graph 1's outputs, which the next layer's pieces take in. The lockstep checks
+        them for non-finite values (padding poison: no live row differs)."""
+        if size > n:
+            self.padding = {("gdn_core." if k == "core_out" else "submod0.") + k: into[k][n:size]
+                            for k in Submod1.inputs}
+            self.padding.update({f"submod1.{k}": v[n:size] for k, v in o1.items()})
 
     @staticmethod
     def clear_core_out(o0: dict, size: int) -> None:

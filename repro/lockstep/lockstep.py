@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from ..capture.runner import EagerRunner, GraphRunner
 from ..check.compare import (CORRUPTION, KERNEL_FINDINGS, ROUTING_TIE, UNOWNED, WEIGHTS, Divergence, compare_step,
                              digest, max_abs, row_owner)
@@ -31,6 +33,7 @@ from ..check.probe import ChainProbe
 from ..check.reference_copy import ReferenceCopy, departed, name_weight_writer
 from ..control.batch import StepBatch
 from ..errors import ReplayRefused
+from ..knobs.hazards import PAD_POISON
 from ..islands.layer import LayerCopy
 from ..knobs.options import Options
 from ..model.weights import copy_weights
@@ -39,6 +42,17 @@ from .phases import Phases
 
 
 REFUSED = "replay-refused"  # the finding kind of a replay the runner's assertion stopped
+
+
+def spans(rows: list[int]) -> str:
+    """Rows as ranges: "3, 5..9"."""
+    out: list[list[int]] = []
+    for r in rows:
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in out)
 
 
 def step_context(batch: StepBatch | None, runner: GraphRunner | None) -> dict:
@@ -149,6 +163,7 @@ class Lockstep:
         self.reference = reference  # the independent third copy (`reference_copy`), or None
         self.refused = False  # the runner's assertion stopped a replay (`REFUSED` finding)
         self.bound_usage: dict = {}  # tensor -> the largest |d| / bound against it (`oracle.corruption`)
+        self.poison_seen: set = set()  # padded-row keys already reported as poisoned (`_poisoned`)
         if reference is not None:  # both run eagerly: their MoE inputs tell a router near-tie
             self.eager_copy.moe.keep_input = reference.copy.moe.keep_input = True
 
@@ -182,7 +197,9 @@ class Lockstep:
             self._record(batch, e, {})
             ph.stop(steady=False)
             return None
-        judged = self.check.judge(batch, e, r, se, sr, upcoming, ph)
+        judged = self.check.judge(batch, e, r, se, sr, upcoming, ph, self.graph.padding)
+        for key in judged.poisoned:
+            self._poisoned(batch, key)
         div = self._weights_judged(judged, batch) if judged.weights else judged.div
         if self.check.digested and self.prev is not None:
             self._weights_checked_at = self.prev.step
@@ -195,6 +212,22 @@ class Lockstep:
         self._record(batch, e, r)
         ph.stop(steady=self.graph.captures == captures)
         return div
+
+    def _poisoned(self, batch: StepBatch, key: str) -> None:
+        """A `pad-poison` finding (`PAD_POISON`): padded rows of a piece's output that a later piece
+        reads hold non-finite values. No live row differs (every op of this rebuild is row-wise), but
+        in a stack whose pieces mix rows (expert-parallel dispatch, a collective over the padded
+        batch) that is corruption. Reported once per tensor, at the first step it is seen."""
+        if key in self.poison_seen:
+            return
+        self.poison_seen.add(key)
+        t = self.graph.padding[key]
+        n = batch.num_tokens
+        rows = (n + torch.nonzero(~torch.isfinite(t).reshape(t.shape[0], -1).all(-1)).flatten()).tolist()
+        piece, _, tensor = key.partition(".")
+        self.graph.notes.add(PAD_POISON, piece, f"step {batch.step}: {key} holds non-finite values in padded rows "
+                             f"{spans(rows)} (live rows 0..{n - 1}, padded to {n + t.shape[0]}), which the next piece "
+                             "reads: no live row differs here, but a piece that mixes rows would spread it")
 
     def _weights_judged(self, judged, batch: StepBatch) -> Divergence:
         if judged.weights_now:
