@@ -10,7 +10,8 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from repro.errors import BadInput
-from repro.scheduler.scheduler import Scheduler, _draft, _token, block_pool, schedule
+from repro.scheduler.scheduler import Scheduler, _draft, _token
+from repro.scheduler.steps import block_pool, schedule
 from repro.scheduler.sequence import Request, Sequence, random_sequence
 from repro.search.strategies import sequences
 

@@ -2,12 +2,14 @@
 scheduler before speculative decoding, chunked prefill and dummy steps made (kept here as the
 oracle), so `repro run`'s default rows are unchanged."""
 import copy
+import dataclasses
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 
 from repro.control.batch import StepBatch
-from repro.scheduler.scheduler import _token, schedule
+from repro.scheduler.scheduler import _token
+from repro.scheduler.steps import schedule
 from repro.scheduler.sequence import random_sequence
 from repro.search.strategies import sequences
 
@@ -100,6 +102,9 @@ def test_k0_schedules_are_the_old_schedulers_steps(kw, sentinel):
 @FEW
 @given(sequences(max_requests=8, max_tokens=8, num_slots=4))
 def test_k0_drawn_sequences_are_the_old_schedulers_steps(seq):
+    # the old scheduler had none of the settings beyond the budget (`scheduler/config.py`)
+    seq = dataclasses.replace(seq, max_tokens=8, max_num_scheduled_tokens=None, long_prefill_token_threshold=0,
+                              async_scheduling=False)
     # the old scheduler cut a recompute longer than the budget; the new one chunks it
     assume(all(r.prompt_len + (r.preempt_after or 0) <= seq.max_tokens for r in seq.requests))
     assert _core(schedule(seq)) == _core(_old_schedule(seq))

@@ -15,7 +15,9 @@ column moved (`control.prefix.forward_copies`, vLLM's `preprocess_mamba`), on th
 outside any graph, before step 3's metadata reads the running columns.
 
 A dummy step (an idle data-parallel rank, `_dummy_run(1+k, uniform_decode=True)`) dispatches 1+k
-tokens as a uniform decode; only a FULL dummy run builds metadata and touches state (a PIECEWISE or
+tokens as a uniform decode; a data-parallel rank's steps, dummy or real, are agreed with the other
+rank's batch where the step names it (`control.dispatch.dispatch_step`: padded to the busier rank's
+size, in the lower of the two modes); only a FULL dummy run builds metadata and touches state (a PIECEWISE or
 eager one runs without GDN metadata, which the layer treats as a warm-up); before it every copy
 makes the boundary copies the previous step queued (`post_copies`). Graphs are captured
 lazily on the first step that needs a key, into one shared pool, after a warm-up run; outputs of
@@ -31,8 +33,8 @@ import torch
 
 from ..control.batch import StepBatch, StepInputs
 from ..control.builder import Common, GDNMetadataBuilder, common_for
-from ..control.dispatch import (DEFAULT_SIZES, BatchDescriptor, Dispatcher, default_capture_sizes, prefilling,
-                                uniform_decode)
+from ..control.dispatch import (DEFAULT_SIZES, BatchDescriptor, Dispatcher, default_capture_sizes, dispatch_step,
+                                prefilling)
 from ..control.input_batch import InputBatch
 from ..knobs.modes import GraphMode, Runtime, parse_mode
 from ..control.prefix import copy_states, forward_copies
@@ -154,12 +156,9 @@ class GraphRunner:
 
     # ---- the control path -------------------------------------------------------------------
     def dispatch(self, batch: StepBatch) -> tuple[Runtime, BatchDescriptor]:
-        """The step's runtime mode and graph key (`_determine_batch_execution_and_padding`)."""
-        if batch.dummy:  # `_dummy_run(1+k, uniform_decode=True)`: the uniform flag is forced
-            return self.dispatcher.dispatch(1 + self.k, True)
-        rule = self.rules.uniform_decode
-        uniform = uniform_decode(rule, batch.query_lens, prefilling(rule, batch), self.k)
-        return self.dispatcher.dispatch(batch.num_tokens, uniform)
+        """The step's runtime mode and graph key (`_determine_batch_execution_and_padding`; a dummy
+        step's `_dummy_run(1+k, uniform_decode=True)`; data-parallel padding: `dispatch_step`)."""
+        return dispatch_step(self.dispatcher, batch, self.rules.uniform_decode, self.k)
 
     def graphable(self, batch: StepBatch) -> int | None:
         """The token count this step replays at; None: it runs eagerly."""

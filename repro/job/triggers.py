@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..control.builder import common_for, decode_rows
-from ..control.dispatch import Dispatcher, prefilling, uniform_decode
+from ..control.dispatch import Dispatcher, dispatch_step
 from ..knobs.modes import Runtime, parse_mode
 from ..knobs import hazards as hz
 
@@ -46,11 +46,7 @@ def _dispatched(batches, mode: str, sizes, hazards, repairs, spec_tokens: int, m
     rule = hz.options_for(hazards, repairs).control.uniform_decode
     d = Dispatcher(parse_mode(mode), sizes, spec_tokens, max_num_seqs)
     for i, b in enumerate(batches):
-        if b.dummy:
-            runtime, desc = d.dispatch(1 + spec_tokens, True)
-        else:
-            runtime, desc = d.dispatch(b.num_tokens, uniform_decode(rule, b.query_lens, prefilling(rule, b),
-                                                                    spec_tokens))
+        runtime, desc = dispatch_step(d, b, rule, spec_tokens)
         yield i, b, runtime, desc.num_tokens
 
 

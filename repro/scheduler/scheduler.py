@@ -12,8 +12,10 @@ so a new request's blocks hold a finished one's state. An idle data-parallel ran
 With a block size (prefix caching, vLLM's mamba cache mode "align"; `repro/scheduler/prefix.py`) a
 request's blocks instead grow with its sequence, prefill chunks end on block boundaries, filled
 blocks are cached, and a new request may start from the longest cached prefix of its tokens. At
-most `max_seqs` requests run. `Scheduler` is the one implementation: `schedule(seq)` drives it over
-a `Sequence`, and the Hypothesis state machine (`repro/search/machine.py`) drives it rule by rule."""
+most `max_seqs` requests run. Settings beyond the budget (a smaller scheduled budget, the long
+prefill threshold, async scheduling) are `config.SchedulerConfig`'s. `Scheduler` is the one
+implementation: `steps.schedule(seq)` drives it over a `Sequence`, and the Hypothesis state machine
+(`repro/search/machine.py`) drives it rule by rule."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,16 +25,10 @@ from ..control.batch import StepBatch
 from ..errors import BadInput
 from .tokens import draft as _draft
 from .tokens import token as _token
+from .config import SchedulerConfig
 from .prefix import ALIGN_BLOCKS, AlignedBlocks, BlockPool, aligned_chunk, check_block_size
 
 MAX_SPEC_TOKENS = 4
-TICK_LIMIT = 10_000  # ticks past the last arrival: a sequence that has not finished by then never will
-
-
-def block_pool(num_slots: int, spec_tokens: int = 0, first: int = 1) -> list[int]:
-    """The state blocks of `num_slots` concurrent requests with K = `spec_tokens`: 1+K each, from
-    `first` (1 with the pad sentinel 0, whose block 0 is the null block; 0 with the sentinel -1)."""
-    return list(range(first, first + num_slots * (1 + spec_tokens)))
 
 
 @dataclass
@@ -52,6 +48,8 @@ class _Req:
     drafted: set[int] = field(default_factory=set)  # positions whose kept token is an accepted draft
     taken: int = 0  # accept-list values used
     preempted: bool = False
+    stopped: bool = False  # async scheduling: it stopped, and its lagged step is still to run
+    out: tuple[int, int] = (-1, 0)  # (step, tokens) of its last step that produced output (async placeholders)
     # with a block size: column -> block held, the running column of this step and of the last one
     cols: dict[int, int] = field(default_factory=dict)
     col: int = 0  # the running column in `blocks` this step (0: mode "none")
@@ -69,7 +67,8 @@ class _Req:
 class Scheduler(AlignedBlocks):
     """One FCFS scheduler, a step at a time.
 
-    `max_tokens` is the step's token budget (vLLM's max_num_scheduled_tokens); `blocks` the state
+    `max_tokens` is vLLM's max_num_batched_tokens, the step's token budget unless `config` sets a
+    smaller max_num_scheduled_tokens (`config.SchedulerConfig`, with the other settings); `blocks` the state
     blocks requests may hold (`block_pool`), so len(blocks) // (1+K) requests run at once (vLLM's
     max_num_seqs). The caller adds requests (`add`), runs steps (`step`, given the kept counts of
     the previous step's decodes), ends requests (`finish`) and, on an idle data-parallel rank,
@@ -77,7 +76,7 @@ class Scheduler(AlignedBlocks):
 
     def __init__(self, max_tokens: int, blocks, spec_tokens: int = 0, vocab: int = 512, seed: int = 0,
                  data_parallel: bool = False, block_size: int | None = None, max_seqs: int | None = None,
-                 null: int = 0):
+                 null: int = 0, config: SchedulerConfig = SchedulerConfig()):
         if not 0 <= spec_tokens <= MAX_SPEC_TOKENS:
             raise BadInput(f"spec_tokens {spec_tokens} must be 0..{MAX_SPEC_TOKENS}")
         check_block_size(block_size, spec_tokens)
@@ -88,6 +87,8 @@ class Scheduler(AlignedBlocks):
         if max_tokens < 1 + spec_tokens:
             raise BadInput(f"max_tokens {max_tokens} cannot hold one decode of 1+{spec_tokens} tokens")
         self.max_tokens, self.spec_tokens, self.vocab, self.seed = max_tokens, spec_tokens, vocab, seed
+        config.check(max_tokens, spec_tokens)
+        self.config, self.budget = config, config.budget(max_tokens)
         self.free = sorted(blocks)
         if len(self.free) < 1 + spec_tokens:
             raise BadInput(f"{len(self.free)} state blocks cannot hold one request's 1+{spec_tokens}")
@@ -183,8 +184,12 @@ class Scheduler(AlignedBlocks):
         than the budget is split. Returns the step, or None when nothing could run (the tick
         passes all the same)."""
         self._settle(accepted)
-        t, budget, k = self.tick, self.max_tokens, self.spec_tokens
+        t, budget, k = self.tick, self.budget, self.spec_tokens
         self.tick += 1
+        # `long_prefill_token_threshold` caps a chunk only while another request is running or waiting
+        eligible = len(self._running) + sum(r.arrive <= t for r in self._waiting)
+        cap = self.config.long_prefill_token_threshold if eligible > 1 else 0
+        wide = min(budget, self.config.long_prefill_token_threshold or budget)  # `_mamba_block_aligned_split`
         rows: list[tuple[_Req, int, bool]] = []  # (request, query length, is a decode)
         for r in self._running:
             if r.num_computed >= r.target:
@@ -194,9 +199,9 @@ class Scheduler(AlignedBlocks):
                 budget -= 1 + k
         for r in self._running:
             if r.num_computed < r.target and budget > 0:
-                n = min(r.target - r.num_computed, budget)
+                n = min(r.target - r.num_computed, budget, cap or budget)
                 if self.block_size:
-                    n = aligned_chunk(r.num_computed, n, r.target, self.block_size, self.max_tokens)
+                    n = aligned_chunk(r.num_computed, n, r.target, self.block_size, wide)
                     if n == 0:
                         continue  # clipped to nothing: it waits for a step with more budget
                 rows.append((r, n, False))
@@ -208,14 +213,18 @@ class Scheduler(AlignedBlocks):
                           if self.block_size else (-1, None))
             start = (hit + 1) * self.block_size if block is not None else 0
             need = r.prefill_len() - start
-            if need <= budget:
+            if cap and need > cap:
+                n = min(cap, budget)  # cut by the threshold, and chunked to the budget left as vLLM chunks
+                if n == 0:
+                    break
+            elif need <= budget:
                 n = need
-            elif need > self.max_tokens and budget > 0:
+            elif need > self.budget and budget > 0:
                 n = budget  # it never fits whole: a first chunk of what is left
             else:
                 break  # it fits a step whole: it waits for one (FCFS)
             if self.block_size:
-                n = aligned_chunk(start, n, r.prefill_len(), self.block_size, self.max_tokens)
+                n = aligned_chunk(start, n, r.prefill_len(), self.block_size, wide)
                 if n == 0:
                     break  # clipped to nothing (`_mamba_block_aligned_split`): it waits (FCFS)
                 self._admit_aligned(r, hit, block)
@@ -335,66 +344,35 @@ class Scheduler(AlignedBlocks):
             else:
                 toks.extend(self._tok(r, p) for p in range(c, c + q))
         finished, self._finished = self._finished, []
+        lag = self.config.async_scheduling  # the scheduler learns of a stop one step late (`config.py`)
+        lagged = [r.rid for r, _, _ in rows if r.stopped]
+        placeholders = [r.out[1] if r.out[0] == self.emitted - 1 else 0 for r, _, _ in rows] if lag else None
         for r, q, decode in rows:
             if decode:
-                r.pending = True
+                r.pending, r.out = True, (self.emitted, 1 + k)
                 r.decodes += 1
-                if r.decode_steps is not None and r.decodes >= r.decode_steps:
+                if r.stopped or (r.decode_steps is not None and r.decodes >= r.decode_steps and not lag):
                     self._release(r, False, t + 1)
+                elif r.decode_steps is not None and r.decodes >= r.decode_steps:
+                    r.stopped = True
                 elif r.preempt_after is not None and r.decodes == r.preempt_after and not r.preempted:
-                    self._release(r, True, t + 1)
+                    self._release(r, True, t + 1 + lag)  # async: its in-flight output drains first
             else:
                 r.num_computed += q
                 r.num_accepted = 1
-                if r.num_computed >= r.target and r.decode_steps == 0:
-                    self._release(r, False, t + 1)
+                if r.num_computed >= r.target:
+                    r.out = (self.emitted, 1)  # the prompt's last chunk samples a token
+                    if r.decode_steps == 0:
+                        r.stopped = lag
+                        if not lag:
+                            self._release(r, False, t + 1)
         for r, _, decode in rows if bs else ():
             if r in self._running:
                 self._retire(r, r.num_computed + decode)  # a decode has kept one token at least
         b = StepBatch(ids, slots, qlens, init, toks, step=self.emitted, live_slots=self.owned(),
                       num_computed=computed, prompt_lens=prompts, draft_lens=drafts, num_accepted=accepted,
                       blocks=blocks, finished=finished, post_copies=post, **aligned,
+                      num_output_placeholders=placeholders, lagged=lagged,
                       prefill_lens=None if (pre := [r.target for r, _, _ in rows]) == prompts else pre)  # resumed
         self.emitted += 1
         return b
-
-
-def schedule(seq, usable_slots=None) -> list[StepBatch]:
-    """The steps of `seq` (a `sequence.Sequence`): its requests added in arrival order, one
-    `Scheduler.step` a tick, a dummy step on each idle tick of a data-parallel rank while requests
-    are still to arrive, and `tail_dummies` dummy steps after the last request finishes.
-
-    `usable_slots`: the state rows requests may use, as `Sequence.batches` takes them (None:
-    1..num_slots, the pad sentinel 0's; range(num_slots): the sentinel -1's). With K > 0 every
-    request needs 1+K blocks: the pool is num_slots * (1+K) consecutive blocks from the lowest
-    usable row."""
-    k, bs = seq.spec_tokens, seq.block_size
-    if bs:  # a request slot's blocks are ALIGN_BLOCKS + K, from the lowest usable row; the null block below it
-        first = 1 if usable_slots is None else min(usable_slots)
-        pool = block_pool(seq.num_slots, ALIGN_BLOCKS - 1 + k, first)
-    elif usable_slots is None:
-        pool = block_pool(seq.num_slots, k)
-    elif k == 0:
-        pool = list(usable_slots)
-    else:
-        pool = block_pool(seq.num_slots, k, min(usable_slots))
-    if seq.tail_dummies and not seq.data_parallel:
-        raise BadInput(f"tail_dummies {seq.tail_dummies} needs data_parallel (only an idle data-parallel rank runs one)")
-    sched = Scheduler(seq.max_tokens, pool, k, seq.vocab, seq.seed, seq.data_parallel, bs,
-                      seq.num_slots if bs else None, (min(pool) - 1) if bs else 0)
-    for r in sorted(seq.requests, key=lambda r: (r.arrive, r.rid)):
-        sched.add(r.rid, r.prompt_len, r.decode_steps, r.arrive, r.preempt_after, r.accept, r.prefix_of, r.prefix_len)
-    limit = TICK_LIMIT + max((r.arrive for r in seq.requests), default=0)
-    steps: list[StepBatch] = []
-    while not sched.done():
-        if seq.data_parallel and sched.idle():
-            steps.append(sched.dummy())
-        else:
-            b = sched.step()
-            if b is not None:
-                steps.append(b)
-        if sched.tick > limit:
-            raise BadInput("the sequence does not finish (a request can never be scheduled)")
-    steps.extend(sched.dummy() for _ in range(seq.tail_dummies))
-    return steps
-

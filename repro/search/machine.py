@@ -20,7 +20,8 @@ from ..control.dispatch import DEFAULT_SIZES
 from ..knobs.hazards import options_for
 from ..lockstep import Lockstep
 from ..scheduler.prefix import ALIGN_BLOCKS, check_block_size
-from ..scheduler.scheduler import Scheduler, block_pool
+from ..scheduler.scheduler import Scheduler
+from ..scheduler.steps import block_pool
 from ..scheduler.sequence import copy_slots
 from .edges import Edges
 
