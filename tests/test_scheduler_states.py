@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from repro.cli.app import main
 from repro.control.builder import draft_counts
-from repro.control.dispatch import Dispatcher, default_capture_sizes, dispatch_step
+from repro.control.dispatch import DEFAULT_SIZES, Dispatcher, default_capture_sizes, dispatch_step
 from repro.errors import BadInput
 from repro.graphs import make_provider
 from repro.islands import Model
@@ -16,6 +17,8 @@ from repro.knobs.modes import Runtime, parse_mode
 from repro.knobs.options import UniformDecode
 from repro.scheduler.sequence import Request, Sequence
 from repro.search.edges import RARE, Edges
+from repro.search.hunt import hunt
+from repro.search.strategies import space_for
 
 FIXED = UniformDecode.PHASE_AWARE
 
@@ -160,6 +163,26 @@ def test_the_seeded_sequences_reach_every_rare_state():
     for seed in range(12):
         e.watch(default_sequence(seed, 300, spec_tokens=2, data_parallel=True))
     assert not e.missing(RARE), {r: e.counts[r] for r in RARE}
+
+
+def test_a_ci_hunt_of_60_sequences_reaches_every_rare_state(tmp_path):
+    """The sequences a ci-profile hunt at K = 2 on a data-parallel rank draws (the strategies only:
+    no lockstep runs, so it takes about a second)."""
+    e = Edges("full_and_piecewise", 2, 16)
+
+    def watch(seq):
+        e.watch(seq)
+    assert hunt(watch, 60, "ci", cache=tmp_path, spec_tokens=2, data_parallel=True, **space_for(DEFAULT_SIZES)) == []
+    assert not e.missing(RARE), {r: e.counts[r] for r in RARE}
+
+
+def test_hunt_coverage_prints_the_edge_table(tiny_path, tmp_path, capsys):
+    assert main(["hunt", "--model", tiny_path, "--device", "cpu", "--island", "moe", "--profile", "ci",
+                 "--max-examples", "2", "--coverage", "--save", str(tmp_path / "s.json")]) == 0
+    out = capsys.readouterr().out
+    assert "coverage: steps reaching each state over 2 sequences" in out
+    for name in RARE + ("dispatch:FULL", "prompt:1+K"):
+        assert any(line.split()[0] == name for line in out.splitlines() if line.startswith("  ")), name
 
 
 # -- the sequence file: each new field checked, an old file as it was

@@ -37,4 +37,4 @@ def hunt(a) -> int:
         layer=a.layer, mode=a.mode, hazards=tuple(a.hazard), repairs=tuple(a.repair), sentinel=a.sentinel,
         stack=a.stack, spec_tokens=a.spec_tokens, block_size=a.block_size,
         max_examples=a.max_examples, profile=a.profile, save=a.save, json=a.json, report=_path(a.report),
-        force=a.force, command=command_line(a.argv), cache=environ.cache()))
+        force=a.force, command=command_line(a.argv), cache=environ.cache(), coverage=a.coverage))

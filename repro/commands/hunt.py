@@ -1,13 +1,15 @@
 """`repro hunt`: search, shrink, cut after the first divergence, save, and print a replay line
-(the search itself is `repro.search.hunt`); with no hazard on a stack other than `fixed`, a blind
-hunt that names the control rule at fault (`repro.search.blind`)."""
+(the search itself is `repro.search.hunt`); with no hazard, a blind hunt of the stack profile in
+every mode it runs, which names the control rule at fault or says that none explains the failure
+(`repro.search.blind`). Each distinct failure is reported; the first is the one saved and replayed,
+and the result file keeps the others (`other_failures`)."""
 from __future__ import annotations
 
 import json
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -24,10 +26,13 @@ from ..progress import for_cases
 from ..report import check_output as check_report_dir
 from ..report import write_report
 from ..scheduler.prefix import check_block_size
-from ..scheduler.sequence import Sequence, request_json
-from ..search.blind import blame_json, blame_lines, blame_minimal, failure, hunt_mode, is_blind, sequence_shape
-from ..search.hunt import Budget, FlakyHunt, hunt
-from ..search.strategies import space_for
+from ..scheduler.sequence import UNSET, Sequence, request_json
+from ..search.blind import blame_json, blame_lines, blame_minimal, failure, hunt_modes, is_blind, sequence_shape
+from ..search.edges import PREFIX, RARE
+from ..search.edges import ALL as EDGES
+from ..search.edges import Edges
+from ..search.hunt import Budget, Crash, Failure, FlakyHunt, hunt
+from ..search.strategies import size_of, space_for
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class HuntConfig:
     force: bool = False
     command: str = "repro hunt"  # the command line, for the report
     cache: Path | None = None  # None: `io.cache_dir`'s default
+    coverage: bool = False  # print the states the hunt's sequences reached (`search.edges`) after it
 
 
 def kernel_sentinel(hazards, sentinel: int) -> int:
@@ -65,6 +71,9 @@ def kernel_sentinel(hazards, sentinel: int) -> int:
 def default_mode(hazards) -> str:
     """piecewise, unless a hazard only exists in full mode (the table's `modes`)."""
     return "full" if any("piecewise" not in hz.HAZARDS[h].modes for h in hazards) else "piecewise"
+
+
+EVERY_MODE = "every-mode"  # a saved blind hunt's name when it searched each mode of its profile
 
 
 def save_path(o: HuntConfig, mode: str) -> Path:
@@ -152,7 +161,9 @@ def hunt_command(o: HuntConfig) -> int:
     except FlakyHunt as e:
         print(f"repro: {e}", file=sys.stderr)
         return 1
-    if o.report and doc is not None:
+    if o.report and doc is not None and not doc["results"]:
+        emit(f"report: not written ({doc['crash']}: a crash has no divergence to write up)")
+    elif o.report and doc is not None:
         write_report(doc, o.report, command=o.command, layer=o.layer, sentinel=o.sentinel, force=o.force,
                      what="--report", stack=o.stack)
         emit(f"report: {o.report}/REPORT.md")
@@ -173,23 +184,25 @@ def _check(o: HuntConfig) -> tuple[str, Path]:
                        "`repro run --island forced_comm --tp N`")
     if o.force and not o.report:
         raise BadInput("--force: only with --report (it lets a report replace what repro wrote in DIR before)")
-    mode = hunt_mode(o, default_mode(o.hazards))
-    save = save_path(o, mode)
+    modes = hunt_modes(o, default_mode(o.hazards))
+    save = save_path(o, modes[0] if len(modes) == 1 else EVERY_MODE)
     if not o.save:
         save.parent.mkdir(parents=True, exist_ok=True)  # the cache's own folder for saved hunts
     check_output_file(save, "--save")
     check_output_file(o.json, "--json")
     if o.report:
         check_report_dir(o.report, o.force, "--report")
-    return mode, save
+    return modes, save
 
 
 def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None]:
     """The hunt itself; `stats` (when given) gets the seconds from the search's start to the first
     failing sequence (`first_s`) and to the minimal one (`minimal_s`), and the sequences run."""
-    mode, save = _check(o)
+    modes, save = _check(o)
+    mode = modes[0]
     provider = make_provider(o.device)
-    hz.check(o.hazards, o.repairs, mode, provider.supports_streams, o.island)
+    for m in modes:
+        hz.check(o.hazards, o.repairs, m, provider.supports_streams, o.island)
     checkpoint = Path(o.model) if o.model else default_checkpoint(o.cache)
     model = Model(checkpoint, provider.device, o.layer, island="moe" if o.island == "moe" else "submod0")
     k, dp = sequence_shape(o)
@@ -197,11 +210,16 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
     case = Case(o.island, mode, tuple(o.hazards), tuple(o.repairs), spec_tokens=k, data_parallel=dp, stack=o.stack,
                 block_size=o.block_size)
 
-    def check(seq):
-        return failure(run_case(model, provider, case, seq, sentinel=o.sentinel))
+    edges = Edges(mode, k, space_for(DEFAULT_SIZES)["num_slots"]) if o.coverage else None
 
-    label = ",".join(o.hazards) or ("blind " + o.stack if is_blind(o) else "baseline")
-    progress = HuntProgress(f"hunt {o.island} {mode} {label}")
+    def check(seq, m=None):
+        c = case if m is None else replace(case, mode=m)
+        if edges is not None:
+            edges.watch(seq, c.mode)
+        return failure(run_case(model, provider, c, seq, sentinel=o.sentinel))
+
+    label = ",".join(o.hazards) or "blind " + o.stack
+    progress = HuntProgress(f"hunt {o.island} {'/'.join(modes)} {label}")
     seen: list = []
     t0 = time.perf_counter()
     clock = stats if stats is not None else {}
@@ -212,44 +230,84 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
             clock["first_s"] = round(time.perf_counter() - t0, 2)
         progress(b)
     try:
-        seq, div = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, cache=o.cache, progress=shown,
-                        spec_tokens=k, data_parallel=dp, block_size=o.block_size, **space_for(DEFAULT_SIZES))
+        found = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, cache=o.cache, progress=shown,
+                     spec_tokens=k, data_parallel=dp, block_size=o.block_size, modes=modes if len(modes) > 1 else None,
+                     **space_for(DEFAULT_SIZES))
     finally:
         progress.end(seen[0] if seen else None)
     clock["examples"] = seen[0].spent if seen else 0
-    what = f"{label}, {o.island}, {mode}" + ("" if o.stack == "fixed" or is_blind(o) else f", stack {o.stack}")
-    if seq is None:
-        emit(f"nothing found ({what}, k={k})")
+    what = f"{label}, {o.island}, {'/'.join(modes)}" + ("" if o.stack == "fixed" or is_blind(o) else f", stack {o.stack}")
+    if edges is not None:
+        for line in coverage_lines(edges, clock["examples"], o.block_size):
+            emit(line)
+    if not found:
+        emit(f"nothing found ({what}, k={k}) in {clock['examples']} sequences, "
+             f"{time.perf_counter() - t0:.1f} s")
         return 0, None
     clock["minimal_s"] = round(time.perf_counter() - t0, 2)
+    found.sort(key=lambda f: (isinstance(f.found, Crash), size_of(f.seq)))  # divergences first, smallest first
+    docs = [_failure_doc(o, f, case, model, provider, checkpoint, save, k, dp, mode, clock, i == 0)
+            for i, f in enumerate(found)]
+    if is_blind(o):
+        clock["blame_s"] = round(time.perf_counter() - t0, 2)
+    doc = {**docs[0][0], **({"other_failures": [d for d, _ in docs[1:]]} if len(docs) > 1 else {})}
+    write_json(save, doc, "--save")
+    if o.json:
+        write_json(o.json, doc)
+    emit(f"time: first failure at {clock.get('first_s')} s, minimal sequence at {clock['minimal_s']} s "
+         f"({clock['examples']} sequences run)")
+    for i, (_, lines) in enumerate(docs[1:] + docs[:1]):  # the saved one last: its replay line ends the output
+        if len(docs) > 1:
+            emit(f"failure {i + 1} of {len(docs)}" + (" (the one saved)" if i == len(docs) - 1 else ""))
+        for line in lines:
+            emit(line)
+    print(f"hunt ({what}) found: {found[0].found.line()}" + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""),
+          file=sys.stderr)
+    return 1, doc
+
+
+def coverage_lines(edges: Edges, examples: int, block_size: int | None) -> list[str]:
+    """`--coverage`: the steps of the hunt's sequences that reached each state (`search.edges`)."""
+    names = EDGES + RARE + (PREFIX if block_size else ())
+    width = max(map(len, names))
+    return [f"coverage: steps reaching each state over {examples} sequences (0: never reached)"] + [
+        f"  {n.ljust(width)}  {edges.counts[n]}" for n in names]
+
+
+def _failure_doc(o: HuntConfig, f: Failure, case: Case, model, provider, checkpoint, save: Path, k: int, dp: bool,
+                 default: str, clock: dict, saved: bool = True) -> tuple[dict, list[str]]:
+    """One failure's result object and the lines that report it: its minimal sequence cut after the
+    divergence and run once more (a crash is not: it would raise again), and for a blind hunt the
+    rule at fault or that none explains it."""
+    seq, div, mode = f.seq, f.found, f.mode or default
+    case = replace(case, mode=mode)
     eff = kernel_sentinel(o.hazards, o.sentinel)
     minimal = {"requests": [request_json(r, ("accept",)) for r in seq.requests], "num_slots": seq.num_slots,
                "max_tokens": seq.max_tokens, "vocab": seq.vocab, "seed": seq.seed, "spec_tokens": seq.spec_tokens,
                "data_parallel": seq.data_parallel, "tail_dummies": seq.tail_dummies,
-               **({"block_size": seq.block_size} if seq.block_size else {}),
+               **{key: getattr(seq, key) for key, unset in UNSET.items() if getattr(seq, key) != unset},
                "steps": [b.to_json() for b in seq.batches(None if eff == 0 else range(seq.num_slots))]}
     minimal = cut_after(minimal, div.step)
-    cut = Sequence.from_json(minimal)
-    result = run_case(model, provider, case, cut, sentinel=o.sentinel)
+    crash = isinstance(div, Crash)
+    result = None if crash else run_case(model, provider, case, Sequence.from_json(minimal), sentinel=o.sentinel)
     doc = {"device": str(provider.device), "graph_provider": provider.name, "checkpoint": str(checkpoint),
            "torch": torch.__version__, "kernel_sentinel": eff, "stack": o.stack, "spec_tokens": k,
-           "data_parallel": dp, "minimal_sequence": minimal, "results": [result.to_json()],
-           "command": replay_line(o, mode, save)}
+           "data_parallel": dp, "mode": mode, "minimal_sequence": minimal,
+           "results": [] if crash else [result.to_json()], "command": replay_line(o, mode, save)}
     lines = []
-    if is_blind(o):
-        b = blame_minimal(model, provider, case, cut, o.sentinel)
+    if crash:
+        doc["crash"] = div.line()
+        lines.append("a crash, not a divergence: the suite or the stack's code failed on this sequence")
+    elif is_blind(o):
+        b = blame_minimal(model, provider, case, Sequence.from_json(minimal), o.sentinel)
         doc["blame"] = blame_json(b)
-        clock["blame_s"] = round(time.perf_counter() - t0, 2)
-        lines = blame_lines(b, o.stack)
-    clock.update(minimal_steps=len(minimal["steps"]), first_divergence=div.line())
-    write_json(save, doc, "--save")
-    if o.json:
-        write_json(o.json, doc)
-    for line in lines:
-        emit(line)
-    emit(json.dumps(minimal, indent=None))
-    emit(f"first {'divergence' if div.step is not None else 'finding'}: {div.line()}")
-    emit(f"{len(seq.requests)} requests, {len(minimal['steps'])} steps; saved to {save}")
-    emit(f"replay: {replay_line(o, mode, save)}")
-    print(f"hunt ({what}) found: {div.line()}", file=sys.stderr)
-    return 1, doc
+        lines = blame_lines(b, o.stack, hz.options_for(case.hazards, case.repairs, case.stack).control)
+    clock.setdefault("minimal_steps", len(minimal["steps"]))
+    clock.setdefault("first_divergence", div.line())
+    lines += [json.dumps(minimal, indent=None), f"mode: {mode}",
+              f"first {'divergence' if div.step is not None else 'finding' if not crash else 'failure'}: {div.line()}",
+              f"{len(seq.requests)} requests, {len(minimal['steps'])} steps; "
+              + (f"saved to {save}" if saved else f"kept in {save} under other_failures (save the line above to replay it)")]
+    if saved:
+        lines.append(f"replay: {replay_line(o, mode, save)}")
+    return doc, lines

@@ -44,7 +44,7 @@ def skip_reason(h, streams: bool) -> str | None:
 
 
 def _divergence(doc: dict, stats: dict) -> dict:
-    fd = (doc["results"][0].get("first_divergence") or {}) if doc else {}
+    fd = (doc["results"][0].get("first_divergence") or {}) if doc and doc["results"] else {}
     out = {k: fd.get(k) for k in ("step", "island", "tensor")} if fd else {"step": None}
     out["line"] = stats.get("first_divergence")
     return out
@@ -64,7 +64,7 @@ def _row(stats: dict, doc: dict | None) -> dict:
            "examples": stats.get("examples")}
     if doc is not None:
         row.update(minimal_steps=stats.get("minimal_steps"), first_divergence=_divergence(doc, stats),
-                   minimal_sequence=doc["minimal_sequence"], mode=doc["results"][0]["mode"])
+                   minimal_sequence=doc["minimal_sequence"], mode=doc["mode"])
     return row
 
 

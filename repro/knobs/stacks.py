@@ -12,6 +12,9 @@ Qwen3.5/3.6 (`config/vllm.py: _is_default_v2_model_runner_model` returns False f
 (`v1/worker/xpu_model_runner.py: XPUModelRunner`) subclasses it in both releases and overrides
 none of these rules, so each profile holds for XPU as for CUDA; 0.26.0 also needs
 `VLLM_XPU_ENABLE_XPU_GRAPH=1` for XPU graphs at all (`platforms/xpu.py: check_and_update_config`).
+
+A profile's `modes` are the graph modes its release runs this model in, the default first: a blind
+hunt of the profile searches each (`repro.search.blind`).
 """
 from __future__ import annotations
 
@@ -27,7 +30,16 @@ class Stack:
     what: str
     rules: ControlRules
     sources: dict  # rule -> where the setting was read ("file: function (line)")
+    modes: tuple[str, ...] = ()  # the graph modes it runs this model in, its default first (`MODES`)
 
+
+# Every profile's modes (read from vLLM 0.33.0): FULL_AND_PIECEWISE is the default (`config/vllm.py:
+# OPTIMIZATION_LEVEL_02` and `_03` set `cudagraph_mode` to it; a requested FULL also becomes it for
+# GDN's UNIFORM_BATCH support with the attention ops as splitting ops: `config/compilation.py:
+# CompilationConfig.resolve_cudagraph_mode_and_sizes`); PIECEWISE is what the lab's B70 runs used;
+# FULL_DECODE_ONLY is what that resolution gives when the attention ops are not splitting ops (its
+# other branch), and what a user sets for decode-only graphs. NONE replays nothing to compare.
+MODES = ("full_and_piecewise", "piecewise", "full_decode_only")
 
 _FIXES = {
     "uniform_decode": "vLLM PR #51865 (the V2 runner's `gather_batch_req_state`): no uniform decode while a request "
@@ -45,7 +57,7 @@ _V033 = "vllm 0.33.0: "
 _V026 = "vllm 0.26.0: "
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
-    Stack("fixed", "every known fix applied (the default)", ControlRules(), _FIXES),
+    Stack("fixed", "every known fix applied (the default)", ControlRules(), _FIXES, MODES),
     Stack("vllm-0.33-mrv1", "vLLM 0.33.0, the V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0), CUDA and XPU",
           ControlRules(uniform_decode=UniformDecode.SHAPE, assert_full_past_prompt=False,
                        first_chunk=FirstChunk.IS_PREFILLING, clear_finished_row=True, dummy_commits_block_table=True,
@@ -60,7 +72,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
            "dummy_commits_block_table": _V033 + "v1/worker/gpu_model_runner.py: GPUModelRunner._dummy_run (5687)",
            "move_row_zeroes_source": _V033 + "v1/worker/block_table.py: BlockTable.move_row (137-146)",
            "dummy_restages": _V033 + "v1/worker/gpu_model_runner.py: GPUModelRunner._dummy_run (5699): "
-                             "for_cudagraph_capture when the mode is FULL"}),
+                             "for_cudagraph_capture when the mode is FULL"}, MODES),
     Stack("vllm-0.26", "vLLM 0.26.0 (the XPU image's 0.26.1rc1 the B70 packet ran), the V1 model runner "
           "(the default for hybrid models there)",
           ControlRules(uniform_decode=UniformDecode.SHAPE, assert_full_past_prompt=False,
@@ -77,7 +89,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
            "move_row_zeroes_source": _V026 + "v1/worker/block_table.py: BlockTable.move_row (142-146): the vacated "
                                      "row is left as it was",
            "dummy_restages": _V026 + "v1/worker/gpu_model_runner.py: GPUModelRunner._dummy_run (6010): "
-                             "for_cudagraph_capture=is_graph_capturing only"}),
+                             "for_cudagraph_capture=is_graph_capturing only"}, MODES),
 )}
 
 RULES = tuple(f.name for f in fields(ControlRules))
