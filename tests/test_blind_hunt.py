@@ -44,6 +44,20 @@ def test_the_blind_hunt_names_uniform_decode_and_vllm_53051(blind):
     assert any(x.startswith("first divergence: step 0") for x in lines), out
     replay = next(x for x in lines if x.startswith("replay: "))
     assert f"--stack {MRV1}" in replay and "--sequence" in replay
+    # no --mode: every mode the profile runs was searched, and the one that found it is named
+    assert doc["mode"] in ("full_and_piecewise", "full_decode_only") and f"mode: {doc['mode']}" in lines
+    assert f"--mode {doc['mode']}" in replay and doc["results"][0]["mode"] == doc["mode"]
+
+
+def test_a_blind_hunt_searches_every_mode_of_its_profile_and_a_told_one_its_hazards():
+    from repro.commands.hunt import HuntConfig, default_mode
+    from repro.search.blind import hunt_modes
+    every = ("full_and_piecewise", "piecewise", "full_decode_only")
+    assert hunt_modes(HuntConfig(stack=MRV1), "piecewise") == STACKS[MRV1].modes == every
+    assert hunt_modes(HuntConfig(), "piecewise") == every  # the fixed stack's blind hunt too
+    assert hunt_modes(HuntConfig(stack=MRV1, mode="piecewise"), "x") == ("piecewise",)
+    told = ("shape-only-uniform-decode",)
+    assert hunt_modes(HuntConfig(hazards=told), default_mode(told)) == ("full",)  # its FULL graph
 
 
 def test_the_saved_json_records_the_stack_k_and_the_blame(blind):

@@ -49,8 +49,8 @@ class _Div:
 
 def test_the_database_is_under_the_cache_not_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    seq, div = H.hunt(lambda s: _Div(), max_examples=3, cache=tmp_path / "cache")
-    assert seq is not None
+    found = H.hunt(lambda s: _Div(), max_examples=3, cache=tmp_path / "cache")
+    assert found and found[0].seq is not None
     assert (tmp_path / "cache" / "hypothesis").is_dir()
     assert not (tmp_path / ".hypothesis").exists()
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..control.batch import block_rows
 from ..control.builder import Common, GDNMetadataBuilder, common_for, staging_rows
-from ..control.dispatch import BatchDescriptor, Dispatcher, configured_sizes, prefilling, uniform_decode
+from ..control.dispatch import BatchDescriptor, Dispatcher, configured_sizes, dispatch_step, prefilling
 from ..control.input_batch import InputBatch
 from ..control.meta import GDNMeta
 from ..knobs.control import Control
@@ -87,12 +87,9 @@ class MirrorPath:
 
     def dispatch(self, batch) -> tuple[Runtime, BatchDescriptor]:
         """The step's runtime mode and graph key (`_determine_batch_execution_and_padding`); a dummy
-        step's as `_dummy_run(1+k, uniform_decode=True)` forces it."""
-        if batch.dummy:
-            return self.dispatcher.dispatch(1 + self.k, True)
-        rule = self.rules.uniform_decode
-        uniform = uniform_decode(rule, batch.query_lens, prefilling(rule, batch), self.k)
-        return self.dispatcher.dispatch(batch.num_tokens, uniform)
+        step's as `_dummy_run(1+k, uniform_decode=True)` forces it; agreed with the other
+        data-parallel rank's batch where the step names it (`dispatch_step`)."""
+        return dispatch_step(self.dispatcher, batch, self.rules.uniform_decode, self.k)
 
     def refusal(self, batch, runtime: Runtime, desc: BatchDescriptor) -> str | None:
         """vLLM PR #55123's replay-side assertion, where the rules have it: a FULL dispatch of a batch

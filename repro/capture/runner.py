@@ -18,7 +18,9 @@ column moved (`control.prefix.forward_copies`, vLLM's `preprocess_mamba`), on th
 outside any graph, before step 3's metadata reads the running columns.
 
 A dummy step (an idle data-parallel rank, `_dummy_run(1+k, uniform_decode=True)`) dispatches 1+k
-tokens as a uniform decode; only a FULL dummy run builds metadata and touches state (a PIECEWISE or
+tokens as a uniform decode; a data-parallel rank's steps, dummy or real, are agreed with the other
+rank's batch where the step names it (`control.dispatch.dispatch_step`: padded to the busier rank's
+size, in the lower of the two modes); only a FULL dummy run builds metadata and touches state (a PIECEWISE or
 eager one runs without GDN metadata, which the layer treats as a warm-up); before it every copy
 makes the boundary copies the previous step queued (`post_copies`). Graphs are captured
 lazily on the first step that needs a key, into one shared pool, after a warm-up run; outputs of
@@ -114,6 +116,8 @@ class GraphRunner:
         self.player = Replayer(provider, lambda: self.opts, self.notes)
         self._lint = LintSchedule(opts.lint_every)  # when the eager splitting op is linted
         self.last: tuple[Runtime, BatchDescriptor] | None = None  # the last step's dispatch
+        # the last step's padded rows a later piece reads (`watch_padding`); empty: no padding
+        self.padding: dict[str, torch.Tensor] = {}
         for isl in copy.islands():
             isl.escape = provider.escape
 
@@ -136,7 +140,8 @@ class GraphRunner:
 
     # ---- the control path (`self.path`: `control.py`) ------------------------------------------
     def dispatch(self, batch: StepBatch) -> tuple[Runtime, BatchDescriptor]:
-        """The step's runtime mode and graph key (`_determine_batch_execution_and_padding`)."""
+        """The step's runtime mode and graph key (`_determine_batch_execution_and_padding`; a dummy
+        step's `_dummy_run(1+k, uniform_decode=True)`; data-parallel padding: `dispatch.dispatch_step`)."""
         return self.path.dispatch(batch)
 
     def graphable(self, batch: StepBatch) -> int | None:
@@ -171,6 +176,7 @@ class GraphRunner:
 
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
         c = self.copy
+        self.padding = {}
         self._update_states(batch)
         runtime, desc = self.last = self.dispatch(batch)
         if batch.dummy:
@@ -199,6 +205,7 @@ class GraphRunner:
                 held = {k: o[k] for k in Submod0.outputs}
                 o1 = {k: o[k] for k in Submod1.outputs}
                 fresh = None
+                self.watch_padding(n, size, o, o1)
             else:
                 held, fresh, o1 = self._step_piecewise(cap, batch, meta)
             o1 = self.player.read(o1, batch.step)
@@ -240,9 +247,20 @@ class GraphRunner:
                     ins[k].copy_(o0[k])
         o1 = self._run_piece(cap.pieces[1], lambda: c.submod1(core_out=fresh, z=o0["z"][:n],
                                                                residual=o0["residual"][:n]))
+        self.watch_padding(n, size, ins if ins is not None else o0, o1)
         if cap.owned0 is not None:
             fresh = ins["core_out"][:n]  # the holder's copy, out of the pool
         return held, fresh, o1
+
+    def watch_padding(self, n: int, size: int, into: dict, o1: dict) -> None:
+        """The step's padded rows (n..size-1) that a later piece reads: what graph 1 takes in
+        (`into`: graph 0's outputs and the splitting op's buffer, or the runner-owned copies it
+        reads) and graph 1's outputs, which the next layer's pieces take in. The lockstep checks
+        them for non-finite values (padding poison: no live row differs)."""
+        if size > n:
+            self.padding = {("gdn_core." if k == "core_out" else "submod0.") + k: into[k][n:size]
+                            for k in Submod1.inputs}
+            self.padding.update({f"submod1.{k}": v[n:size] for k, v in o1.items()})
 
     @staticmethod
     def clear_core_out(o0: dict, size: int) -> None:

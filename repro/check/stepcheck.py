@@ -6,7 +6,9 @@ Each step, on the device and without a host synchronisation:
   device with Triton all of them in one kernel (`outflags.py`: the same test, word by word);
 - every state tensor (conv, ssm), whole: one flag per slot, the null block and freed slots
   included;
-- every weight tensor: an int64 digest (`digest_words`).
+- every weight tensor: an int64 digest (`digest_words`);
+- the replay's padded rows that a later piece reads (`pads`): one flag each, "some element is not
+  finite" (padding poison: no live row differs, so the output flags cannot see it).
 
 They are concatenated into one small int64 vector; `read()` copies it to the host once, which is
 the step's only synchronisation. Bit patterns (integers of the element's width) make the check
@@ -84,6 +86,11 @@ def differs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (bits(a) != bits(b)).any()
 
 
+def nonfinite(t: torch.Tensor) -> torch.Tensor:
+    """0-dim bool on the device: some element is NaN or infinite."""
+    return ~torch.isfinite(t).all() if t.is_floating_point() else torch.zeros((), dtype=torch.bool, device=t.device)
+
+
 def slots_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[slots] bool on the device: which slots (dim 0) hold different bits."""
     return (bits(a) != bits(b)).reshape(a.shape[0], -1).any(-1)
@@ -95,6 +102,7 @@ class Verdict:
     outputs: list = field(default_factory=list)  # output keys, data-flow order
     slots: dict = field(default_factory=dict)  # state name -> slots whose bits differ, ascending
     weights: list = field(default_factory=list)  # weight names whose digest changed
+    poisoned: list = field(default_factory=list)  # padded-row keys holding a non-finite value (not in `clean`)
 
     @property
     def clean(self) -> bool:
@@ -185,10 +193,14 @@ class StepCheck:
         now = self._digests().tolist()
         return [k for k, x, y in zip(self.weights, self.base, now) if x != y]
 
-    def launch(self, out_a: dict, out_b: dict, state_a: dict, state_b: dict, mark=None):
+    def launch(self, out_a: dict, out_b: dict, state_a: dict, state_b: dict, mark=None, pads: dict | None = None):
         """Enqueue the step's flags, with the digest `begin` enqueued (if any); returns what `read`
-        needs. `mark(name)`: the lockstep's phase clock (compare)."""
+        needs. `mark(name)`: the lockstep's phase clock (compare). `pads`: padded rows to test for
+        non-finite values (key -> the rows)."""
         parts, layout = [], []
+        if pads:
+            parts.append(torch.stack([nonfinite(t) for t in pads.values()]))
+            layout.append(("pads", list(pads)))
         order = ordered(out_a)
         known = []  # output keys whose shape or dtype differ: known on the host
         flags = []
@@ -252,6 +264,9 @@ class StepCheck:
                 c = outflags.C
                 flagged.update(k for j, k in enumerate(item[1]) if any(v[i + j * c:i + (j + 1) * c]))
                 i += len(item[1]) * c
+            elif item[0] == "pads":
+                out.poisoned = [k for j, k in enumerate(item[1]) if v[i + j]]
+                i += len(item[1])
             elif item[0] == "state":
                 n = item[2]
                 out.slots[item[1]] = [s for s in range(n) if v[i + s]]

@@ -160,10 +160,13 @@ def _run(sub, raw) -> None:
                         "both copies share (default: 1 on the CPU, 16 on a GPU; 0: off)")
 
 
-BLIND_HELP = ("a blind hunt: --stack S (not fixed) and no --hazard searches the stack profile as it is (K=2 drafts "
-              "unless --spec-tokens, mode full_and_piecewise unless --mode); what it finds is shrunk, then each "
-              "rule where S departs from the fixed form is set to its fixed form and the minimal sequence rerun, "
-              "naming the rule at fault and the upstream issue it maps to (or a candidate upstream report).")
+BLIND_HELP = ("a blind hunt: no --hazard searches the stack profile (--stack S, fixed by default) as it is (K=2 "
+              "drafts unless --spec-tokens; every graph mode the profile runs, each sequence drawing one, unless "
+              "--mode); each distinct failure is shrunk and reported with the mode it ran in, then each rule where S "
+              "departs from the fixed form is set to its fixed form and the minimal sequence rerun, naming the rule "
+              "at fault and the upstream issue it maps to, or saying that no known rule explains it, with the rules "
+              "in force: a candidate upstream report. Every hunt prints the seconds to its first failure and to "
+              "its minimal sequence.")
 
 
 def _hunt(sub, raw) -> None:
@@ -178,11 +181,14 @@ def _hunt(sub, raw) -> None:
                         "failure), and one more run replays the cut minimal sequence for the result file")
     s.add_argument("--profile", default=None, choices=["ci", "dev", "soak"],
                    help="ci: 25 derandomised; dev: 150; soak: 5000 (database under $REPRO_CACHE)")
-    _spec(s, "draft tokens a decode carries in the sequences drawn (default: the hazards' own, else 0; a blind "
-             "hunt, --stack other than fixed and no --hazard, draws K=2)")
+    _spec(s, "draft tokens a decode carries in the sequences drawn (default: the hazards' own; a blind hunt, "
+             "no --hazard, draws K=2)")
     _block(s, BLOCK_HELP)
     s.add_argument("--save", help="where to save the minimal sequence (default: $REPRO_CACHE/hunts/"
-                                  "ISLAND-HAZARD-MODE.json)")
+                                  "ISLAND-HAZARD-MODE.json; a blind hunt of every mode: MODE is every-mode)")
+    s.add_argument("--coverage", action="store_true",
+                   help="after the hunt, print how many steps of its sequences reached each state of the control "
+                        "rules and the scheduler (repro/search/edges.py); 0 is a state never reached")
 
 
 def _model(sub) -> None:

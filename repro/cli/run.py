@@ -38,4 +38,4 @@ def hunt(a) -> int:
         stack=a.stack, spec_tokens=a.spec_tokens, block_size=a.block_size,
         max_examples=a.max_examples, profile=a.profile, save=a.save, json=a.json, report=_path(a.report),
         force=a.force, command=command_line(a.argv), cache=environ.cache(), control=a.control,
-        patches=tuple(a.patch)))
+        patches=tuple(a.patch), coverage=a.coverage))

@@ -1,15 +1,17 @@
 """`repro hunt`: search, shrink, cut after the first divergence, save, and print a replay line
-(the search itself is `repro.search.hunt`); with no hazard on a stack other than `fixed`, a blind
-hunt that names the control rule at fault (`repro.search.blind`), and with no hazard under a vLLM
-control source, a blind hunt of the installed vLLM (as patched) that names the shipped patch that
-clears what it found (`repro.search.patch_blame`)."""
+(the search itself is `repro.search.hunt`); with no hazard, a blind hunt of the stack profile in
+every mode it runs, which names the control rule at fault or says that none explains the failure
+(`repro.search.blind`); with no hazard under a vLLM control source, a blind hunt of the installed
+vLLM (as patched) that names the shipped patch that clears what it found (`repro.search.patch_blame`).
+Each distinct failure is reported; the first is the one saved and replayed, and the result file
+keeps the others (`other_failures`)."""
 from __future__ import annotations
 
 import json
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -25,14 +27,17 @@ from ..knobs import hazards as hz
 from ..model.tiny import default_checkpoint
 from ..progress import for_cases
 from ..report import check_output as check_report_dir
-from ..report import write_report
 from ..report import upstream as upstream_report
+from ..report import write_report
 from ..scheduler.prefix import check_block_size
-from ..scheduler.sequence import Sequence, request_json
-from ..search.blind import blame_json, blame_lines, blame_minimal, failure, hunt_mode, is_blind, sequence_shape
-from ..search.hunt import Budget, FlakyHunt, hunt
+from ..scheduler.sequence import UNSET, Sequence, request_json
+from ..search.blind import blame_json, blame_lines, blame_minimal, failure, hunt_modes, is_blind, sequence_shape
+from ..search.edges import PREFIX, RARE
+from ..search.edges import ALL as EDGES
+from ..search.edges import Edges
+from ..search.hunt import Budget, Crash, Failure, FlakyHunt, hunt
 from ..search.patch_blame import blame_patches
-from ..search.strategies import space_for
+from ..search.strategies import size_of, space_for
 from ..knobs.control import Control
 from ..knobs.control import check as check_control
 from ..upstream.paths import control_json, ready
@@ -62,6 +67,7 @@ class HuntConfig:
     force: bool = False
     command: str = "repro hunt"  # the command line, for the report
     cache: Path | None = None  # None: `io.cache_dir`'s default
+    coverage: bool = False  # print the states the hunt's sequences reached (`search.edges`) after it
     control: str = "mirror"  # where the control decisions come from (`knobs.control`); a vLLM source with no
     # hazard is a blind hunt of vLLM itself (as patched), blamed on the shipped patches
     patches: tuple[str, ...] = ()  # patch files applied to the installed vLLM (`upstream.patches`)
@@ -80,6 +86,9 @@ def kernel_sentinel(hazards, sentinel: int) -> int:
 def default_mode(hazards) -> str:
     """piecewise, unless a hazard only exists in full mode (the table's `modes`)."""
     return "full" if any("piecewise" not in hz.HAZARDS[h].modes for h in hazards) else "piecewise"
+
+
+EVERY_MODE = "every-mode"  # a saved blind hunt's name when it searched each mode of its profile
 
 
 def save_path(o: HuntConfig, mode: str) -> Path:
@@ -102,12 +111,12 @@ def replay_line(o: HuntConfig, mode: str, save: Path) -> str:
         parts += ["--sentinel", str(o.sentinel)]
     if o.stack != "fixed":
         parts += ["--stack", o.stack]
-    if o.ctl.upstream:
-        parts += ["--control", o.control] + [x for p in o.patches for x in ("--patch", p)]
     for h in o.hazards:
         parts += ["--hazard", h]
     for r in o.repairs:
         parts += ["--repair", r]
+    if o.ctl.upstream:
+        parts += ["--control", o.control] + [x for p in o.patches for x in ("--patch", p)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -170,12 +179,13 @@ def hunt_command(o: HuntConfig) -> int:
     except FlakyHunt as e:
         print(f"repro: {e}", file=sys.stderr)
         return 1
-    if o.report and doc is not None:
-        if upstream_report.is_upstream(doc):
-            upstream_report.write_upstream_report(doc, Path(o.report).absolute())
-        else:
-            write_report(doc, o.report, command=o.command, layer=o.layer, sentinel=o.sentinel, force=o.force,
-                         what="--report", stack=o.stack)
+    if o.report and doc is not None and not doc["results"]:
+        emit(f"report: not written ({doc['crash']}: a crash has no divergence to write up)")
+    elif o.report and doc is not None and upstream_report.is_upstream(doc):
+        upstream_report.write_upstream_report(doc, Path(o.report).absolute())
+    elif o.report and doc is not None:
+        write_report(doc, o.report, command=o.command, layer=o.layer, sentinel=o.sentinel, force=o.force,
+                     what="--report", stack=o.stack)
         emit(f"report: {o.report}/REPORT.md")
     return rc
 
@@ -196,8 +206,8 @@ def _check(o: HuntConfig) -> tuple[str, Path]:
                        "`repro run --island forced_comm --tp N`")
     if o.force and not o.report:
         raise BadInput("--force: only with --report (it lets a report replace what repro wrote in DIR before)")
-    mode = hunt_mode(o, default_mode(o.hazards))
-    save = save_path(o, mode)
+    modes = hunt_modes(o, default_mode(o.hazards))
+    save = save_path(o, modes[0] if len(modes) == 1 else EVERY_MODE)
     if not o.save:
         save.parent.mkdir(parents=True, exist_ok=True)  # the cache's own folder for saved hunts
     check_output_file(save, "--save")
@@ -206,15 +216,17 @@ def _check(o: HuntConfig) -> tuple[str, Path]:
         prepare_output_dir(o.report, o.force, "--report", names=upstream_report.OUTPUTS)
     elif o.report:
         check_report_dir(o.report, o.force, "--report")
-    return mode, save
+    return modes, save
 
 
 def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None]:
     """The hunt itself; `stats` (when given) gets the seconds from the search's start to the first
     failing sequence (`first_s`) and to the minimal one (`minimal_s`), and the sequences run."""
-    mode, save = _check(o)
+    modes, save = _check(o)
+    mode = modes[0]
     provider = make_provider(o.device)
-    hz.check(o.hazards, o.repairs, mode, provider.supports_streams, o.island)
+    for m in modes:
+        hz.check(o.hazards, o.repairs, m, provider.supports_streams, o.island)
     checkpoint = Path(o.model) if o.model else default_checkpoint(o.cache)
     model = Model(checkpoint, provider.device, o.layer, island="moe" if o.island == "moe" else "submod0")
     k, dp = sequence_shape(o)
@@ -222,12 +234,16 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
     case = Case(o.island, mode, tuple(o.hazards), tuple(o.repairs), spec_tokens=k, data_parallel=dp, stack=o.stack,
                 block_size=o.block_size, control=o.ctl)
 
-    def check(seq):
-        return failure(run_case(model, provider, case, seq, sentinel=o.sentinel))
+    edges = Edges(mode, k, space_for(DEFAULT_SIZES)["num_slots"]) if o.coverage else None
 
-    label = ",".join(o.hazards) or ("blind " + (o.ctl.label() if o.ctl.upstream else o.stack) if is_blind(o)
-                                    else "baseline")
-    progress = HuntProgress(f"hunt {o.island} {mode} {label}")
+    def check(seq, m=None):
+        c = case if m is None else replace(case, mode=m)
+        if edges is not None:
+            edges.watch(seq, c.mode)
+        return failure(run_case(model, provider, c, seq, sentinel=o.sentinel))
+
+    label = ",".join(o.hazards) or "blind " + (o.ctl.label() if o.ctl.upstream else o.stack)
+    progress = HuntProgress(f"hunt {o.island} {'/'.join(modes)} {label}")
     seen: list = []
     t0 = time.perf_counter()
     clock = stats if stats is not None else {}
@@ -238,52 +254,93 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
             clock["first_s"] = round(time.perf_counter() - t0, 2)
         progress(b)
     try:
-        seq, div = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, cache=o.cache, progress=shown,
-                        spec_tokens=k, data_parallel=dp, block_size=o.block_size, **space_for(DEFAULT_SIZES))
+        found = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, cache=o.cache, progress=shown,
+                     spec_tokens=k, data_parallel=dp, block_size=o.block_size, modes=modes if len(modes) > 1 else None,
+                     **space_for(DEFAULT_SIZES))
     finally:
         progress.end(seen[0] if seen else None)
     clock["examples"] = seen[0].spent if seen else 0
-    what = f"{label}, {o.island}, {mode}" + ("" if o.stack == "fixed" or is_blind(o) else f", stack {o.stack}")
-    if seq is None:
-        emit(f"nothing found ({what}, k={k})")
+    what = f"{label}, {o.island}, {'/'.join(modes)}" + ("" if o.stack == "fixed" or is_blind(o) else f", stack {o.stack}")
+    if edges is not None:
+        for line in coverage_lines(edges, clock["examples"], o.block_size):
+            emit(line)
+    if not found:
+        emit(f"nothing found ({what}, k={k}) in {clock['examples']} sequences, "
+             f"{time.perf_counter() - t0:.1f} s")
         return 0, None
     clock["minimal_s"] = round(time.perf_counter() - t0, 2)
+    found.sort(key=lambda f: (isinstance(f.found, Crash), size_of(f.seq)))  # divergences first, smallest first
+    docs = [_failure_doc(o, f, case, model, provider, checkpoint, save, k, dp, mode, clock, i == 0)
+            for i, f in enumerate(found)]
+    if is_blind(o):
+        clock["blame_s"] = round(time.perf_counter() - t0, 2)
+    doc = {**docs[0][0], **({"other_failures": [d for d, _ in docs[1:]]} if len(docs) > 1 else {})}
+    write_json(save, doc, "--save")
+    if o.json:
+        write_json(o.json, doc)
+    emit(f"time: first failure at {clock.get('first_s')} s, minimal sequence at {clock['minimal_s']} s "
+         f"({clock['examples']} sequences run)")
+    for i, (_, lines) in enumerate(docs[1:] + docs[:1]):  # the saved one last: its replay line ends the output
+        if len(docs) > 1:
+            emit(f"failure {i + 1} of {len(docs)}" + (" (the one saved)" if i == len(docs) - 1 else ""))
+        for line in lines:
+            emit(line)
+    print(f"hunt ({what}) found: {found[0].found.line()}" + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""),
+          file=sys.stderr)
+    return 1, doc
+
+
+def coverage_lines(edges: Edges, examples: int, block_size: int | None) -> list[str]:
+    """`--coverage`: the steps of the hunt's sequences that reached each state (`search.edges`)."""
+    names = EDGES + RARE + (PREFIX if block_size else ())
+    width = max(map(len, names))
+    return [f"coverage: steps reaching each state over {examples} sequences (0: never reached)"] + [
+        f"  {n.ljust(width)}  {edges.counts[n]}" for n in names]
+
+
+def _failure_doc(o: HuntConfig, f: Failure, case: Case, model, provider, checkpoint, save: Path, k: int, dp: bool,
+                 default: str, clock: dict, saved: bool = True) -> tuple[dict, list[str]]:
+    """One failure's result object and the lines that report it: its minimal sequence cut after the
+    divergence and run once more (a crash is not: it would raise again), and for a blind hunt the
+    rule at fault or that none explains it."""
+    seq, div, mode = f.seq, f.found, f.mode or default
+    case = replace(case, mode=mode)
     eff = kernel_sentinel(o.hazards, o.sentinel)
     minimal = {"requests": [request_json(r, ("accept",)) for r in seq.requests], "num_slots": seq.num_slots,
                "max_tokens": seq.max_tokens, "vocab": seq.vocab, "seed": seq.seed, "spec_tokens": seq.spec_tokens,
                "data_parallel": seq.data_parallel, "tail_dummies": seq.tail_dummies,
-               **({"block_size": seq.block_size} if seq.block_size else {}),
+               **{key: getattr(seq, key) for key, unset in UNSET.items() if getattr(seq, key) != unset},
                "steps": [b.to_json() for b in case_steps(case, seq, None if eff == 0 else range(seq.num_slots))]}
     minimal = cut_after(minimal, div.step)
+    n_steps = len(minimal["steps"])
     if o.ctl.upstream:  # vLLM's scheduler makes the steps again from the requests (its block ids are its pool's)
-        minimal = {**{k: v for k, v in minimal.items() if k != "steps"}, "max_steps": len(minimal["steps"])}
+        minimal = {**{k: v for k, v in minimal.items() if k != "steps"}, "max_steps": n_steps}
     cut = Sequence.from_json(minimal)
-    result = run_case(model, provider, case, cut, sentinel=o.sentinel)
+    crash = isinstance(div, Crash)
+    result = None if crash else run_case(model, provider, case, cut, sentinel=o.sentinel)
     doc = {"device": str(provider.device), "graph_provider": provider.name, "checkpoint": str(checkpoint),
-           "torch": torch.__version__, "kernel_sentinel": eff, "stack": o.stack, **control_json(o.ctl), "spec_tokens": k,
-           "data_parallel": dp, "minimal_sequence": minimal, "results": [result.to_json()],
-           "command": replay_line(o, mode, save)}
+           "torch": torch.__version__, "kernel_sentinel": eff, "stack": o.stack, **control_json(o.ctl),
+           "spec_tokens": k,
+           "data_parallel": dp, "mode": mode, "minimal_sequence": minimal,
+           "results": [] if crash else [result.to_json()], "command": replay_line(o, mode, save)}
     lines = []
-    if is_blind(o) and o.ctl.upstream:
+    if crash:
+        doc["crash"] = div.line()
+        lines.append("a crash, not a divergence: the suite or the stack's code failed on this sequence")
+    elif is_blind(o) and o.ctl.upstream:
         pb = blame_patches(model, provider, case, cut, o.sentinel)
         doc["blame"] = pb.to_json()
-        clock["blame_s"] = round(time.perf_counter() - t0, 2)
         lines = pb.lines(o.ctl.label())
     elif is_blind(o):
         b = blame_minimal(model, provider, case, cut, o.sentinel)
         doc["blame"] = blame_json(b)
-        clock["blame_s"] = round(time.perf_counter() - t0, 2)
-        lines = blame_lines(b, o.stack)
-    n_steps = minimal.get("max_steps") or len(minimal["steps"])
-    clock.update(minimal_steps=n_steps, first_divergence=div.line())
-    write_json(save, doc, "--save")
-    if o.json:
-        write_json(o.json, doc)
-    for line in lines:
-        emit(line)
-    emit(json.dumps(minimal, indent=None))
-    emit(f"first {'divergence' if div.step is not None else 'finding'}: {div.line()}")
-    emit(f"{len(seq.requests)} requests, {n_steps} steps; saved to {save}")
-    emit(f"replay: {replay_line(o, mode, save)}")
-    print(f"hunt ({what}) found: {div.line()}", file=sys.stderr)
-    return 1, doc
+        lines = blame_lines(b, o.stack, hz.options_for(case.hazards, case.repairs, case.stack).control)
+    clock.setdefault("minimal_steps", n_steps)
+    clock.setdefault("first_divergence", div.line())
+    lines += [json.dumps(minimal, indent=None), f"mode: {mode}",
+              f"first {'divergence' if div.step is not None else 'finding' if not crash else 'failure'}: {div.line()}",
+              f"{len(seq.requests)} requests, {n_steps} steps; "
+              + (f"saved to {save}" if saved else f"kept in {save} under other_failures (save the line above to replay it)")]
+    if saved:
+        lines.append(f"replay: {replay_line(o, mode, save)}")
+    return doc, lines

@@ -53,7 +53,7 @@ def skip_reason(h, streams: bool) -> str | None:
 def _divergence(doc: dict, stats: dict) -> dict:
     """Where the minimal sequence first diverges, and what it hurt there (`Lockstep.damage`: the state
     blocks the copies hold apart, whether a live request's)."""
-    fd = (doc["results"][0].get("first_divergence") or {}) if doc else {}
+    fd = (doc["results"][0].get("first_divergence") or {}) if doc and doc["results"] else {}
     out = {k: fd.get(k) for k in ("step", "island", "tensor")} if fd else {"step": None}
     out["line"] = stats.get("first_divergence")
     out["damage"] = ((doc["results"][0].get("microscope") or {}).get("damage")) if doc else None
@@ -74,7 +74,7 @@ def _row(stats: dict, doc: dict | None) -> dict:
            "examples": stats.get("examples")}
     if doc is not None:
         row.update(minimal_steps=stats.get("minimal_steps"), first_divergence=_divergence(doc, stats),
-                   minimal_sequence=doc["minimal_sequence"], mode=doc["results"][0]["mode"])
+                   minimal_sequence=doc["minimal_sequence"], mode=doc["mode"])
     return row
 
 

@@ -61,6 +61,16 @@ class StepBatch:
     # [dst, conv_src, conv_offset, ssm_src] blocks: the previous step's boundary states, saved before
     # this step's forward copies (`control.prefix.forward_copies`), a dummy step's too
     post_copies: list[list[int]] = field(default_factory=list)
+    # Async scheduling (`vllm/v1/core/sched/async_scheduler.py: AsyncScheduler`): each request's
+    # `num_output_placeholders` when this step was scheduled (the tokens of its last step still in
+    # flight; None: not async), and the requests scheduled once more after they stopped (the
+    # scheduler's one-step lag: their output is dropped)
+    num_output_placeholders: list[int] | None = None
+    lagged: list[int] = field(default_factory=list)
+    # The other data-parallel rank's batch this step, [num_tokens, uniform] (0 tokens: it is idle and
+    # runs a dummy step), which the dispatch coordinates with (`control.dispatch.dispatch_step`);
+    # None: no coordination (one rank, or a sequence that does not say)
+    dp_peer: list | None = None
     _host: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -191,4 +201,4 @@ def block_rows(batch: StepBatch, width: int, null: int) -> np.ndarray:
 
 # The fields a step's JSON carries only when they say something (`StepBatch` docstring).
 OPTIONAL = ("num_computed", "prompt_lens", "prefill_lens", "draft_lens", "num_accepted", "blocks", "finished", "dummy",
-            "block_size", "state_cols", "prev_cols", "post_copies")
+            "block_size", "state_cols", "prev_cols", "post_copies", "num_output_placeholders", "lagged", "dp_peer")

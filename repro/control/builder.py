@@ -109,6 +109,17 @@ def split_non_spec(common: Common, rule: FirstChunk) -> int:
     return int(np.argmax(prefill)) if prefill.any() else len(q)
 
 
+def decode_rows(common: Common, k: int, rule: FirstChunk) -> np.ndarray:
+    """Which rows `build` gives the non-spec decode kernels (bool [rows]): none beside a spec row
+    (one-token non-spec rows then go to the prefill kernel, `_spec`), else the leading rows
+    `split_non_spec` calls decodes under `rule`. A rule about one-token rows can only act on these."""
+    out = np.zeros(len(common.query_lens), dtype=bool)
+    if k > 0 and (common.drafts >= 0).any():
+        return out
+    out[:split_non_spec(common, rule)] = True
+    return out
+
+
 class GDNMetadataBuilder:
     """Builds each step's `GDNMeta` on `device` (module docstring). `spec_tokens`: k; `max_rows`:
     `decode_cudagraph_max_bs` (`staging_rows`); `pad`: what staging writes past the live rows (None:

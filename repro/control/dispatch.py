@@ -19,6 +19,15 @@
   `dispatch` pads to the smallest capture size that holds the step, tries the exact FULL key,
   then the relaxed PIECEWISE key, then runs eagerly (NONE) at the step's own size; above the
   largest capture size it is NONE.
+- `dispatch_step`: one step as `GPUModelRunner._determine_batch_execution_and_padding` dispatches
+  it, a dummy step as `_dummy_run(1+k, uniform_decode=True)`; on a data-parallel rank whose step
+  names the other rank's batch (`StepBatch.dp_peer`), coordinated with it as
+  `vllm/v1/worker/dp_utils.py: coordinate_batch_across_dp` does: the runtime mode is the lower of
+  the two ranks' (NONE < PIECEWISE < FULL), and unless that is NONE both pad to the larger padded
+  size, then dispatch again at it with only the agreed mode allowed. So an idle rank's dummy run,
+  or a smaller rank's batch, runs at the busier rank's size, and a uniform decode beside a rank
+  with a mixed batch replays pieces. Where the agreed mode is NONE this rank runs eagerly at its
+  own size (vLLM runs an eager forward over its padded count: the padded rows no live row reads).
 """
 from __future__ import annotations
 
@@ -147,17 +156,45 @@ class Dispatcher:
             return BatchDescriptor(size, min(size // self.q, self.max_num_seqs), True)
         return BatchDescriptor(size, min(size, self.max_num_seqs), False)
 
-    def dispatch(self, num_tokens: int, uniform: bool) -> tuple[Runtime, BatchDescriptor]:
-        """`CudagraphDispatcher.dispatch`: (runtime mode, the key), or (NONE, the step unpadded)."""
+    def dispatch(self, num_tokens: int, uniform: bool, allowed=tuple(Runtime)) -> tuple[Runtime, BatchDescriptor]:
+        """`CudagraphDispatcher.dispatch`: (runtime mode, the key), or (NONE, the step unpadded);
+        `allowed`: its `valid_modes`."""
         eager = (Runtime.NONE, BatchDescriptor(num_tokens))
         if not self.keys:
             return eager
         desc = self.padded(num_tokens, uniform)
         if desc is None:
             return eager
-        if self.keys.get(desc) is Runtime.FULL:
+        if Runtime.FULL in allowed and self.keys.get(desc) is Runtime.FULL:
             return Runtime.FULL, desc
         relaxed = replace(desc, num_reqs=None, uniform=False)
-        if self.keys.get(relaxed) is Runtime.PIECEWISE:
+        if Runtime.PIECEWISE in allowed and self.keys.get(relaxed) is Runtime.PIECEWISE:
             return Runtime.PIECEWISE, relaxed
         return eager
+
+    def coordinate(self, own: tuple[Runtime, BatchDescriptor], num_tokens: int, uniform: bool,
+                   peer) -> tuple[Runtime, BatchDescriptor]:
+        """`own` (this rank's dispatch of `num_tokens`) agreed with the other data-parallel rank's
+        batch `peer` = (num_tokens, uniform; 0 tokens: it is idle and runs a dummy step), as
+        `coordinate_batch_across_dp` and the re-dispatch after it do (module docstring)."""
+        tokens, peer_uniform = (peer[0], bool(peer[1])) if peer[0] else (self.q, True)
+        theirs = self.dispatch(tokens, peer_uniform)
+        agreed = min(own[0], theirs[0])
+        if agreed is Runtime.NONE:
+            return Runtime.NONE, BatchDescriptor(num_tokens)
+        size = max(own[1].num_tokens, theirs[1].num_tokens)
+        return self.dispatch(size, uniform, (agreed,))
+
+
+def dispatch_step(dispatcher: Dispatcher, batch, rule: UniformDecode, spec_tokens: int) -> tuple[Runtime,
+                                                                                               BatchDescriptor]:
+    """How a runner dispatches one step (module docstring): a dummy step as a uniform decode of 1+k
+    tokens, any other by `rule`'s uniform-decode decision, each coordinated with the other
+    data-parallel rank's batch when the step names it."""
+    if batch.dummy:
+        tokens, uniform = 1 + spec_tokens, True
+    else:
+        tokens, uniform = batch.num_tokens, uniform_decode(rule, batch.query_lens, prefilling(rule, batch), spec_tokens)
+    own = dispatcher.dispatch(tokens, uniform)
+    peer = getattr(batch, "dp_peer", None)
+    return own if peer is None else dispatcher.coordinate(own, tokens, uniform, peer)

@@ -196,6 +196,37 @@ def request_stream(seed: int, max_prompt: int = 8, max_decode: int = 24, spec_to
                       prefix_of=prefix_of, prefix_len=prefix_len)
 
 
+SETTING_DRAWN = 0.5  # with K > 0 or a data-parallel rank: the share of seeds that set each scheduler setting
+PEERS_DRAWN = 8  # the other data-parallel rank's batches a seed draws, cycled over the steps
+
+
+def scheduler_settings(seed: int, spec_tokens: int = 0, data_parallel: bool = False, max_tokens: int = 16,
+                       num_slots: int = 8) -> dict:
+    """The scheduler settings beyond the budget a seed's sequence runs with (`scheduler/config.py`),
+    drawn from a generator of their own so the request stream is the same with them or without:
+    none at K = 0 on one rank (the sequences `repro run` always ran); with K > 0 or on a
+    data-parallel rank, each of a scheduled budget of whole decodes (a multiple of 1+K, so the decodes
+    that fit make a uniform step: vLLM cuts a decode's drafts to the budget left) of at most
+    `max_tokens` under a batch of twice that (`max_tokens` in the result: the capture sizes reach
+    past the budget), a long prefill threshold of a few decodes' tokens and async scheduling in half the seeds, and on a
+    data-parallel rank the other rank's batches (idle, uniform decodes or a mixed batch)."""
+    if not (spec_tokens or data_parallel):
+        return {}
+    rng, q = random.Random(f"scheduler settings {seed}"), 1 + spec_tokens
+    out: dict = {}
+    if rng.random() < SETTING_DRAWN:  # under a batch twice the budget, whose capture sizes reach past it
+        # whole decodes: a step of the decodes that fit is uniform, and the rest are parked beside it
+        out.update(max_num_scheduled_tokens=q * rng.randint(1, max_tokens // q), max_tokens=2 * max_tokens)
+    if rng.random() < SETTING_DRAWN:
+        out["long_prefill_token_threshold"] = rng.randint(q, min(max_tokens, 2 * q + 1))
+    out["async_scheduling"] = rng.random() < SETTING_DRAWN
+    if data_parallel:
+        uniform = range(1, min(num_slots, max_tokens // q) + 1)
+        out["dp_peers"] = [rng.choice(([0, True], [rng.choice(uniform) * q, True], [rng.randint(1, max_tokens), False]))
+                           for _ in range(PEERS_DRAWN)]
+    return out
+
+
 def case_sequence(case: Case, seed: int, steps: int) -> Sequence:
     """The seeded sequence a case runs: its draft tokens a decode, and an idle data-parallel
     rank's dummy steps when it has them."""
@@ -207,7 +238,8 @@ def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512
                      data_parallel: bool = False, block_size: int | None = None, max_tokens: int = 16) -> Sequence:
     """The seeded sequence's first `steps` scheduler steps: one sequence per seed, cut, so a
     shorter run is the start of a longer one (a divergence at step 12 of a 30-step run is the
-    last step of a 13-step run).
+    last step of a 13-step run). With K > 0 or a data-parallel rank the seed also draws the
+    scheduler's settings (`scheduler_settings`).
 
     Enough of the seed's request stream is taken that the next request never made it into those
     steps: a later one arrives no earlier and the scheduler admits in arrival order, so it could
@@ -217,6 +249,7 @@ def default_sequence(seed: int, steps: int, num_slots: int = 8, vocab: int = 512
     reqs = list(itertools.islice(stream, steps // 2 + 8))
     kw = dict(num_slots=num_slots, vocab=vocab, seed=seed, max_steps=steps, spec_tokens=spec_tokens,
               data_parallel=data_parallel, block_size=block_size, max_tokens=max_tokens)
+    kw.update(scheduler_settings(seed, spec_tokens, data_parallel, max_tokens, num_slots))
     while True:
         seq = Sequence(reqs, **kw)
         batches = seq.batches()

@@ -11,7 +11,10 @@ that was reached and showed nothing is a MISSED hazard.
 """
 from __future__ import annotations
 
-from ..control.dispatch import Dispatcher, prefilling, uniform_decode
+import numpy as np
+
+from ..control.builder import common_for, decode_rows
+from ..control.dispatch import Dispatcher, dispatch_step
 from ..knobs.modes import Runtime, parse_mode
 from ..knobs import hazards as hz
 
@@ -23,7 +26,9 @@ CONDITIONS = {
     "padded-replay": "a replayed step padded to its capture size",
     "stale-pad": "a padded replay over rows an earlier decode step staged",
     "prompt-as-decode": "a step with a request in its prompt replayed as a uniform decode",
-    "first-chunk": "a one-token first chunk into a state slot an earlier request used",
+    "first-chunk": "a one-token first chunk into a state slot an earlier request used, in a step whose rows the "
+                   "builder splits so that it reaches the decode kernels (no spec row beside it, no longer row before "
+                   "it)",
     "dummy-after-decode": "an idle data-parallel rank's FULL dummy step after a decode step staged the builder",
     "dummy-after-finish": "an idle data-parallel rank's FULL dummy step after a request finished",
 }
@@ -41,16 +46,13 @@ def _dispatched(batches, mode: str, sizes, hazards, repairs, spec_tokens: int, m
     rule = hz.options_for(hazards, repairs).control.uniform_decode
     d = Dispatcher(parse_mode(mode), sizes, spec_tokens, max_num_seqs)
     for i, b in enumerate(batches):
-        if b.dummy:
-            runtime, desc = d.dispatch(1 + spec_tokens, True)
-        else:
-            runtime, desc = d.dispatch(b.num_tokens, uniform_decode(rule, b.query_lens, prefilling(rule, b),
-                                                                    spec_tokens))
+        runtime, desc = dispatch_step(d, b, rule, spec_tokens)
         yield i, b, runtime, desc.num_tokens
 
 
-def _reached(condition: str, steps, batches) -> bool:
-    """`steps`: the dispatched steps replaying a graph the hazard needs; `batches`: every step."""
+def _reached(condition: str, steps, batches, opts=None, spec_tokens: int = 0) -> bool:
+    """`steps`: the dispatched steps replaying a graph the hazard needs; `batches`: every step;
+    `opts`: the case's options (the control rules a condition on the builder reads)."""
     if condition == "replay":
         return bool(steps)
     if condition == "piecewise-decode":
@@ -65,10 +67,12 @@ def _reached(condition: str, steps, batches) -> bool:
         return any(b.num_tokens < n and staged[i] > b.num_reqs for i, b, _, n in steps)
     if condition == "prompt-as-decode":
         return any(rt is Runtime.FULL and any(b.is_prefilling()) for _, b, rt, _ in steps)
-    if condition == "first-chunk":
+    if condition == "first-chunk":  # only where the builder's split sends that chunk to the decode kernels
+        rule = (opts or hz.options_for()).control.first_chunk
         used: set = set()
         for b in batches:
-            first = {s for s, q, c in zip(b.slots, b.query_lens, b.computed()) if q == 1 and c == 0}
+            decoded = decode_rows(common_for(b, np.zeros((b.num_reqs, 1), dtype=np.int32)), spec_tokens, rule)
+            first = {s for s, q, c, d in zip(b.slots, b.query_lens, b.computed(), decoded) if q == 1 and c == 0 and d}
             if first & used:
                 return True
             used |= set(b.slots)
@@ -109,6 +113,7 @@ def reached(hazards, repairs, mode: str, batches, sizes, findings, spec_tokens: 
     if not hs:
         return None
     steps = list(_dispatched(batches, mode, sizes, hazards, repairs, spec_tokens, max_num_seqs))
+    opts = hz.options_for(hazards, repairs)
     for h in hs:
         t = hz.HAZARDS[h].trigger
         if t not in CONDITIONS:
@@ -116,7 +121,7 @@ def reached(hazards, repairs, mode: str, batches, sizes, findings, spec_tokens: 
                 return True
             continue
         graphs = {_GRAPH[m] for m in hz.HAZARDS[h].modes}
-        if _reached(t, [s for s in steps if s[2] in graphs], batches):
+        if _reached(t, [s for s in steps if s[2] in graphs], batches, opts, spec_tokens):
             return True
     return False
 

@@ -212,9 +212,12 @@ REPAIRS: dict[str, Repair] = {r.name: r for r in [
 ]}
 
 # Runner finding kinds that mean a planted hazard was seen (not merely noted, like an alias): a
-# hazard's own, and a replay the runner's assertion refused (what a "finding" repair leaves).
+# hazard's own, a replay the runner's assertion refused (what a "finding" repair leaves), and
+# padding poison (non-finite values in padded rows a later piece reads: never silent, though no
+# live row differs). Each fails a case that should be clean.
 REFUSED = "replay-refused"
-FINDING_KINDS = frozenset(h.finding for h in HAZARDS.values() if h.finding) | {REFUSED}
+PAD_POISON = "pad-poison"
+FINDING_KINDS = frozenset(h.finding for h in HAZARDS.values() if h.finding) | {REFUSED, PAD_POISON}
 
 for _h in HAZARDS.values():  # the table is closed: every named repair exists
     assert all(r in REPAIRS for r in _h.repairs), _h.name

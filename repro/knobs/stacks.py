@@ -13,6 +13,9 @@ rules the fixed stack takes, with vLLM PR #55123's assertion added). The XPU run
 (`v1/worker/xpu_model_runner.py: XPUModelRunner`) subclasses it in both releases and overrides
 none of these rules, so each profile holds for XPU as for CUDA; 0.26.0 also needs
 `VLLM_XPU_ENABLE_XPU_GRAPH=1` for XPU graphs at all (`platforms/xpu.py: check_and_update_config`).
+
+A profile's `modes` are the graph modes its release runs this model in, the default first: a blind
+hunt of the profile searches each (`repro.search.blind`).
 """
 from __future__ import annotations
 
@@ -28,7 +31,16 @@ class Stack:
     what: str
     rules: ControlRules
     sources: dict  # rule -> where the setting was read ("file: function (line)")
+    modes: tuple[str, ...] = ()  # the graph modes it runs this model in, its default first (`MODES`)
 
+
+# Every profile's modes (read from vLLM 0.33.0): FULL_AND_PIECEWISE is the default (`config/vllm.py:
+# OPTIMIZATION_LEVEL_02` and `_03` set `cudagraph_mode` to it; a requested FULL also becomes it for
+# GDN's UNIFORM_BATCH support with the attention ops as splitting ops: `config/compilation.py:
+# CompilationConfig.resolve_cudagraph_mode_and_sizes`); PIECEWISE is what the lab's B70 runs used;
+# FULL_DECODE_ONLY is what that resolution gives when the attention ops are not splitting ops (its
+# other branch), and what a user sets for decode-only graphs. NONE replays nothing to compare.
+MODES = ("full_and_piecewise", "piecewise", "full_decode_only")
 
 _FIXES = {
     "uniform_decode": "vLLM PR #51865 (the V2 runner's `gather_batch_req_state`): no uniform decode while a request "
@@ -77,13 +89,13 @@ MRV2 = Stack(
      "zero_draft_spec_row": _MRV2 + "v1/worker/gpu/model_states/mamba_hybrid.py: MambaHybridModelState.prepare_attn "
                             "(283): a decode row without drafts stays a spec row (num_decode_draft_tokens 0)",
      "decode_capture_sizes": _MRV2 + "config/vllm.py: VllmConfig._set_cudagraph_sizes (2541): uniform_decode_sizes, "
-                             "the config both runners read"})
+                             "the config both runners read"}, MODES)
 
 # Every known fix: the V2 runner's rules, where they come from it, and vLLM PR #55123's assertion.
 FIXED = Stack("fixed", "every known fix applied (the default): the V2 runner's rules and vLLM PR #55123's assertion",
               replace(MRV2.rules, assert_full_past_prompt=True),
               {r: (_FIXES[r] if r == "assert_full_past_prompt" else f"{_FIXES[r]}; as {MRV2.sources[r]}")
-               for r in _FIXES})
+               for r in _FIXES}, MODES)
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
     FIXED,
@@ -106,7 +118,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
            "zero_draft_spec_row": _V033 + "v1/worker/gpu_model_runner.py: GPUModelRunner._prepare_inputs (2220): "
                                   "zero_draft_decode_mask",
            "decode_capture_sizes": _V033 + "config/vllm.py: VllmConfig._set_cudagraph_sizes (2541): "
-                                   "uniform_decode_sizes"}),
+                                   "uniform_decode_sizes"}, MODES),
     Stack("vllm-0.26", "vLLM 0.26.0 (the XPU image's 0.26.1rc1 the B70 packet ran), the V1 model runner "
           "(the default for hybrid models there)",
           ControlRules(uniform_decode=UniformDecode.SHAPE, assert_full_past_prompt=False,
@@ -128,7 +140,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
            "zero_draft_spec_row": _V026 + "v1/worker/gpu_model_runner.py: GPUModelRunner._prepare_inputs (2226): "
                                   "a row is a spec row only when its query is its drafts plus one",
            "decode_capture_sizes": _V026 + "config/vllm.py: VllmConfig._set_cudagraph_sizes: the token grid "
-                                   "and the step budget alone"}),
+                                   "and the step budget alone"}, MODES),
     MRV2,
 )}
 

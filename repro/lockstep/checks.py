@@ -2,7 +2,8 @@
 whether they agree and, where they do not, the first difference (a `Divergence`).
 
 - `DeviceCheck`: every output, the whole state of both copies (every slot: live, freed and the null
-  block) and every weight are checked on the device, and the host reads one small vector once
+  block), every weight and the replay's watched padded rows (padding poison: non-finite values a
+  later piece reads) are checked on the device, and the host reads one small vector once
   (`check.stepcheck`: the step's one synchronisation); the exact path (`check.compare`) runs only
   where a flag is set. A weight whose digest changed is corruption naming the tensor and the step
   that wrote it: both copies read the same weights, so comparing them cannot see it. The digest
@@ -13,10 +14,10 @@ whether they agree and, where they do not, the first difference (a `Divergence`)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..check.compare import Divergence, compare_outputs, compare_slots
-from ..check.stepcheck import StepCheck, Verdict
+from ..check.stepcheck import StepCheck, Verdict, nonfinite
 from ..control.batch import StepBatch
 
 CHECKS = ("device", "host")
@@ -29,6 +30,7 @@ class Judged:
     clean: bool  # every output and state slot of the two copies seen equal (the device check only)
     weights: list  # weight names whose digest changed (`div` is then None: the lockstep names them)
     weights_now: bool = False  # the change was seen in this step (not one step late)
+    poisoned: list = field(default_factory=list)  # padded-row keys holding a non-finite value
 
 
 def locate(batch, verdict: Verdict, e: dict, r: dict, se: dict, sr: dict) -> Divergence | None:
@@ -66,19 +68,22 @@ class DeviceCheck:
         self.digested = self.stepcheck.begin()
         phases.mark("weights")
 
-    def judge(self, batch: StepBatch, e: dict, r: dict, se: dict, sr: dict, upcoming, phases) -> Judged:
-        pending = self.stepcheck.launch(e, r, se, sr, phases.mark)
+    def judge(self, batch: StepBatch, e: dict, r: dict, se: dict, sr: dict, upcoming, phases,
+              pads: dict | None = None) -> Judged:
+        """`pads`: the replay's padded rows a later piece reads (`GraphRunner.padding`)."""
+        pending = self.stepcheck.launch(e, r, se, sr, phases.mark, pads)
         if upcoming is not None:  # the host prepares the next step while the device checks this one
             phases.timed("prepare", upcoming.prepare)
         verdict = phases.timed("read", self.stepcheck.read, pending)  # the step's one synchronisation
+        poisoned = verdict.poisoned
         if verdict.weights:  # written by the previous step (or before the first)
-            return Judged(None, verdict.clean, verdict.weights)
+            return Judged(None, verdict.clean, verdict.weights, poisoned=poisoned)
         if not verdict.clean:  # a weight written in this step comes first (outputs follow from it)
             changed = self.stepcheck.changed_now()
             if changed:
-                return Judged(None, False, changed, weights_now=True)
-            return Judged(locate(batch, verdict, e, r, se, sr), False, [])
-        return Judged(None, True, [])
+                return Judged(None, False, changed, weights_now=True, poisoned=poisoned)
+            return Judged(locate(batch, verdict, e, r, se, sr), False, [], poisoned=poisoned)
+        return Judged(None, True, [], poisoned=poisoned)
 
     def changed_now(self) -> list:
         return self.stepcheck.changed_now()
@@ -99,10 +104,12 @@ class HostCheck:
     def begin(self, phases) -> None:
         pass
 
-    def judge(self, batch: StepBatch, e: dict, r: dict, se: dict, sr: dict, upcoming, phases) -> Judged:
+    def judge(self, batch: StepBatch, e: dict, r: dict, se: dict, sr: dict, upcoming, phases,
+              pads: dict | None = None) -> Judged:
         self.provider.synchronize()
         phases.mark("replay")
-        return Judged(phases.queued("compare", self.compare, batch, e, r), False, [])
+        poisoned = [k for k, t in (pads or {}).items() if bool(nonfinite(t))]
+        return Judged(phases.queued("compare", self.compare, batch, e, r), False, [], poisoned=poisoned)
 
     def changed_now(self) -> list:
         return []

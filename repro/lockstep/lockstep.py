@@ -33,6 +33,7 @@ from ..check.probe import ChainProbe
 from ..check.reference_copy import ReferenceCopy, departed, name_weight_writer
 from ..control.batch import StepBatch
 from ..errors import ReplayRefused
+from ..knobs.hazards import PAD_POISON
 from ..islands.layer import LayerCopy
 from ..knobs.options import Options
 from ..model.weights import copy_weights
@@ -41,6 +42,17 @@ from .phases import Phases
 
 
 REFUSED = "replay-refused"  # the finding kind of a replay the runner's assertion stopped
+
+
+def spans(rows: list[int]) -> str:
+    """Rows as ranges: "3, 5..9"."""
+    out: list[list[int]] = []
+    for r in rows:
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in out)
 
 
 def step_context(batch: StepBatch | None, runner: GraphRunner | None) -> dict:
@@ -155,6 +167,7 @@ class Lockstep:
         # the null block (sentinel 0: block 0) holds no request's state: not compared (`_null_aside`)
         self.null = 0 if self.replay_copy.cache.sentinel == 0 else None
         self._null_first = torch.full((), -1, dtype=torch.int64, device=self.device)  # first step it differed
+        self.poison_seen: set = set()  # padded-row keys already reported as poisoned (`_poisoned`)
         if reference is not None:  # both run eagerly: their MoE inputs tell a router near-tie
             self.eager_copy.moe.keep_input = reference.copy.moe.keep_input = True
 
@@ -189,7 +202,9 @@ class Lockstep:
             ph.stop(steady=False)
             return None
         held = self._null_aside(batch)
-        judged = self.check.judge(batch, e, r, se, sr, upcoming, ph)
+        judged = self.check.judge(batch, e, r, se, sr, upcoming, ph, self.graph.padding)
+        for key in judged.poisoned:
+            self._poisoned(batch, key)
         div = self._weights_judged(judged, batch) if judged.weights else judged.div
         if self.check.digested and self.prev is not None:
             self._weights_checked_at = self.prev.step
@@ -244,6 +259,22 @@ class Lockstep:
         row_hurt = div is not None and div.row is not None and div.request is not None
         return {"blocks": blocks, "live_blocks": live, "null": self.null, "null_written": first,
                 "live": bool(live) or row_hurt}
+
+    def _poisoned(self, batch: StepBatch, key: str) -> None:
+        """A `pad-poison` finding (`PAD_POISON`): padded rows of a piece's output that a later piece
+        reads hold non-finite values. No live row differs (every op of this rebuild is row-wise), but
+        in a stack whose pieces mix rows (expert-parallel dispatch, a collective over the padded
+        batch) that is corruption. Reported once per tensor, at the first step it is seen."""
+        if key in self.poison_seen:
+            return
+        self.poison_seen.add(key)
+        t = self.graph.padding[key]
+        n = batch.num_tokens
+        rows = (n + torch.nonzero(~torch.isfinite(t).reshape(t.shape[0], -1).all(-1)).flatten()).tolist()
+        piece, _, tensor = key.partition(".")
+        self.graph.notes.add(PAD_POISON, piece, f"step {batch.step}: {key} holds non-finite values in padded rows "
+                             f"{spans(rows)} (live rows 0..{n - 1}, padded to {n + t.shape[0]}), which the next piece "
+                             "reads: no live row differs here, but a piece that mixes rows would spread it")
 
     def _weights_judged(self, judged, batch: StepBatch) -> Divergence:
         if judged.weights_now:

@@ -12,65 +12,31 @@ so a new request's blocks hold a finished one's state. An idle data-parallel ran
 With a block size (prefix caching, vLLM's mamba cache mode "align"; `repro/scheduler/prefix.py`) a
 request's blocks instead grow with its sequence, prefill chunks end on block boundaries, filled
 blocks are cached, and a new request may start from the longest cached prefix of its tokens. At
-most `max_seqs` requests run. `Scheduler` is the one implementation: `steps.schedule(seq)` drives it over
-a `Sequence`, and the Hypothesis state machine (`repro/search/machine.py`) drives it rule by rule."""
+most `max_seqs` requests run. Settings beyond the budget (a smaller scheduled budget, the long
+prefill threshold, async scheduling) are `config.SchedulerConfig`'s. `Scheduler` is the one
+implementation: `steps.schedule(seq)` drives it over a `Sequence`, and the Hypothesis state machine
+(`repro/search/machine.py`) drives it rule by rule."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..control.batch import StepBatch
 from ..errors import BadInput
 from .tokens import draft as _draft
 from .tokens import token as _token
+from .config import SchedulerConfig
 from .order import RowOrder
+from .request import Req as _Req
 from .prefix import ALIGN_BLOCKS, AlignedBlocks, BlockPool, aligned_chunk, check_block_size
 
 MAX_SPEC_TOKENS = 4
 
 
-@dataclass
-class _Req:
-    rid: int
-    prompt_len: int  # vLLM's num_prompt_tokens: unchanged by a preemption
-    decode_steps: int | None  # decode steps after each (re)admission; None: until `finish`
-    arrive: int
-    preempt_after: int | None
-    accept: list[int] | None
-    target: int = 0  # tokens to prefill: the prompt, or prompt + generated when recomputed
-    num_computed: int = 0
-    decodes: int = 0
-    num_accepted: int = 1  # what its next step reports: its last spec decode's kept count, else 1
-    pending: bool = False  # its last step was a decode whose kept count is still to be given
-    blocks: list[int] = field(default_factory=list)
-    drafted: set[int] = field(default_factory=set)  # positions whose kept token is an accepted draft
-    taken: int = 0  # accept-list values used
-    preempted: bool = False
-    drafts: int = 0  # the drafts of its last decode (fewer than K where the budget cut them)
-    last_call: int = -2  # the last `step` call that scheduled it (`Scheduler.calls`)
-    # with a block size: column -> block held, the running column of this step and of the last one
-    cols: dict[int, int] = field(default_factory=dict)
-    col: int = 0  # the running column in `blocks` this step (0: mode "none")
-    prev: int = -1  # the running column before this step, as the runner sees it
-    run_col: int = -1  # the running column after its last step (-1: none since admission)
-    cached: int = 0  # its first blocks cached so far (vLLM's num_cached_block)
-    junction: int = 0  # where its prefix shared with computed blocks outruns the cached states (`BlockPool.shared`)
-
-    def prefill_len(self) -> int:
-        """What an admission must compute: every token the request holds (vLLM's num_tokens;
-        `Scheduler._preempt_request` sets num_computed_tokens to 0 and `schedule()` schedules
-        `num_tokens - num_computed_tokens`). Before its first admission, and while a (re)compute
-        is under way, that is its prompt or its recompute (`target`); once it has computed them,
-        one more than it computed: the last sampled token, known but not yet computed."""
-        if self.target and self.num_computed >= self.target:
-            return self.num_computed + 1
-        return max(self.prompt_len, self.target)
-
-
 class Scheduler(AlignedBlocks):
     """One FCFS scheduler, a step at a time.
 
-    `max_tokens` is the step's token budget (vLLM's max_num_scheduled_tokens); `blocks` the state
+    `max_tokens` is vLLM's max_num_batched_tokens, the step's token budget unless `config` sets a
+    smaller max_num_scheduled_tokens (`config.SchedulerConfig`, with the other settings); `blocks` the state
     blocks requests may hold (`block_pool`), so len(blocks) // (1+K) requests run at once (vLLM's
     max_num_seqs). The caller adds requests (`add`), runs steps (`step`, given the kept counts of
     the previous step's decodes), ends requests (`finish`) and, on an idle data-parallel rank,
@@ -78,7 +44,7 @@ class Scheduler(AlignedBlocks):
 
     def __init__(self, max_tokens: int, blocks, spec_tokens: int = 0, vocab: int = 512, seed: int = 0,
                  data_parallel: bool = False, block_size: int | None = None, max_seqs: int | None = None,
-                 null: int = 0):
+                 null: int = 0, config: SchedulerConfig = SchedulerConfig()):
         if not 0 <= spec_tokens <= MAX_SPEC_TOKENS:
             raise BadInput(f"spec_tokens {spec_tokens} must be 0..{MAX_SPEC_TOKENS}")
         check_block_size(block_size, spec_tokens)
@@ -89,6 +55,8 @@ class Scheduler(AlignedBlocks):
         if max_tokens < 1 + spec_tokens:
             raise BadInput(f"max_tokens {max_tokens} cannot hold one decode of 1+{spec_tokens} tokens")
         self.max_tokens, self.spec_tokens, self.vocab, self.seed = max_tokens, spec_tokens, vocab, seed
+        config.check(max_tokens, spec_tokens)
+        self.config, self.budget = config, config.budget(max_tokens)
         self.free = sorted(blocks)
         if len(self.free) < 1 + spec_tokens:
             raise BadInput(f"{len(self.free)} state blocks cannot hold one request's 1+{spec_tokens}")
@@ -189,10 +157,14 @@ class Scheduler(AlignedBlocks):
         requests`; it waits if they do not fit). Returns the step, or None when nothing could run (the
         tick passes all the same)."""
         self._settle(accepted)
-        t, budget, k, bs = self.tick, self.max_tokens, self.spec_tokens, self.block_size
+        t, budget, k, bs = self.tick, self.budget, self.spec_tokens, self.block_size
         self.tick += 1
         self.calls += 1
         self._fresh = set()
+        # `long_prefill_token_threshold` caps a chunk only while another request is running or waiting
+        eligible = len(self._running) + sum(r.arrive <= t for r in self._waiting)
+        cap = self.config.long_prefill_token_threshold if eligible > 1 else 0
+        wide = min(budget, self.config.long_prefill_token_threshold or budget)  # `_mamba_block_aligned_split`
         rows: list[tuple[_Req, int, bool, int]] = []  # (request, query length, is a decode, drafts)
         for r in self._running:
             if budget <= 0:
@@ -201,9 +173,9 @@ class Scheduler(AlignedBlocks):
                 n = min(1 + k, budget)
                 self._schedule(rows, (r, n, True, n - 1))
             else:
-                n = min(r.target - r.num_computed, budget)
+                n = min(r.target - r.num_computed, cap or budget, budget)
                 if bs:
-                    n = aligned_chunk(r.num_computed, n, r.target, bs, self.max_tokens, r.prompt_len, r.junction)
+                    n = aligned_chunk(r.num_computed, n, r.target, bs, wide, r.prompt_len, r.junction)
                     if n == 0:
                         continue
                 self._schedule(rows, (r, n, False, 0))
@@ -222,13 +194,13 @@ class Scheduler(AlignedBlocks):
             junction = self.pool.shared(tokens, bs) if bs else 0
             r.junction = junction if junction > start else 0
             need = r.prefill_len() - start
-            n, pad = min(need, budget), 0
+            n, pad = min(need, cap or need, budget), 0  # cut by the threshold, then chunked to the budget left
             if k and need == 1 and not chunked and (running or start):
                 if 1 + k > budget:
                     break
                 n, pad = 1 + k, k
             if bs:
-                n = aligned_chunk(start, n, r.prefill_len(), bs, self.max_tokens, r.prompt_len, r.junction)
+                n = aligned_chunk(start, n, r.prefill_len(), bs, wide, r.prompt_len, r.junction)
                 if n == 0:
                     break  # clipped to nothing (`_mamba_block_aligned_split`): it waits (FCFS)
                 if pad and n != 1 + k:
@@ -376,25 +348,35 @@ class Scheduler(AlignedBlocks):
             else:  # a padded first chunk's placeholder drafts: the runner clamps their -1 to 0 (`_preprocess`)
                 toks.extend([self._tok(r, p) for p in range(c, c + q - d)] + [0] * d)
         finished, self._finished = self._finished, []
+        lag = self.config.async_scheduling  # the scheduler learns of a stop one step late (`config.py`)
+        lagged = [r.rid for r, *_ in rows if r.stopped]
+        placeholders = [r.out[1] if r.out[0] == self.emitted - 1 else 0 for r, *_ in rows] if lag else None
         for r, q, decode, d in rows:
             if decode:
-                r.pending, r.drafts = True, d
+                r.pending, r.drafts, r.out = True, d, (self.emitted, 1 + d)
                 r.decodes += 1
-                if r.decode_steps is not None and r.decodes >= r.decode_steps:
+                if r.stopped or (r.decode_steps is not None and r.decodes >= r.decode_steps and not lag):
                     self._release(r, False, t + 1)
+                elif r.decode_steps is not None and r.decodes >= r.decode_steps:
+                    r.stopped = True
                 elif r.preempt_after is not None and r.decodes == r.preempt_after and not r.preempted:
-                    self._release(r, True, t + 1)
+                    self._release(r, True, t + 1 + lag)  # async: its in-flight output drains first
             else:  # a placeholder draft is never kept: the padded chunk computes its one token
                 r.num_computed += q - d
                 r.num_accepted = 1
-                if r.num_computed >= r.target and r.decode_steps == 0:
-                    self._release(r, False, t + 1)
+                if r.num_computed >= r.target:
+                    r.out = (self.emitted, 1)  # the prompt's last chunk samples a token
+                    if r.decode_steps == 0:
+                        r.stopped = lag
+                        if not lag:
+                            self._release(r, False, t + 1)
         for r, _, decode, _ in rows if bs else ():
             if r in self._running:
                 self._retire(r, r.num_computed + decode)  # a decode has kept one token at least
         b = StepBatch(ids, slots, qlens, init, toks, step=self.emitted, live_slots=self.owned(),
                       num_computed=computed, prompt_lens=prompts, draft_lens=drafts, num_accepted=accepted,
                       blocks=blocks, finished=finished, post_copies=post, **aligned,
+                      num_output_placeholders=placeholders, lagged=lagged,
                       prefill_lens=None if (pre := [x[0].target for x in rows]) == prompts else pre)  # resumed
         self.emitted += 1
         return b

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..errors import BadInput
+from .config import SchedulerConfig
 from .prefix import ALIGN_BLOCKS, MAX_BLOCK_SIZE, check_block_size
 from .scheduler import MAX_SPEC_TOKENS
 
@@ -14,9 +15,10 @@ _STEP = ("step", "request_ids", "slots", "query_lens", "has_initial_state", "tok
 # Per-request lists a step may carry beyond the first five (`StepBatch`), each entry's range as a
 # function of K: num_accepted is 1..1+K, draft_lens 0..K.
 _PER_REQUEST = {"num_computed": lambda k: (0, None), "prompt_lens": lambda k: (1, None), "prefill_lens": lambda k: (1, None),
-                "draft_lens": lambda k: (0, k), "num_accepted": lambda k: (1, 1 + k)}
+                "draft_lens": lambda k: (0, k), "num_accepted": lambda k: (1, 1 + k),
+                "num_output_placeholders": lambda k: (0, 1 + k)}
 _STEP_OPTIONAL = ("live_slots", *_PER_REQUEST, "blocks", "finished", "dummy", "block_size", "state_cols", "prev_cols",
-                  "post_copies")
+                  "post_copies", "lagged", "dp_peer")
 MAX_SLOTS = 4096
 PROMPT_BUDGETS = 64  # a prompt may span this many steps' budgets (chunked prefill)
 
@@ -59,7 +61,8 @@ def check_json(d, source: str = "sequence") -> None:
     if not isinstance(d, dict):
         raise BadInput(f"{source}: expected a JSON object with requests or steps, got {type(d).__name__}")
     known = {"requests", "num_slots", "max_tokens", "vocab", "seed", "steps", "max_steps", "spec_tokens",
-             "data_parallel", "tail_dummies", "block_size"}
+             "data_parallel", "tail_dummies", "block_size", "max_num_scheduled_tokens", "long_prefill_token_threshold",
+             "async_scheduling", "dp_peers"}
     extra = sorted(set(d) - known)
     if extra:
         raise BadInput(f"{source}: unknown key {extra[0]!r} (known: {', '.join(sorted(known))})")
@@ -83,6 +86,7 @@ def check_json(d, source: str = "sequence") -> None:
     if d.get("tail_dummies", 0) and not d.get("data_parallel", False):
         raise BadInput(f"{source}: tail_dummies {d['tail_dummies']} needs data_parallel (only an idle "
                        "data-parallel rank runs dummy steps)")
+    _check_scheduler(d, source, max_tokens, k, num_slots)
     reqs = _list(d.get("requests", []), f"{source}: requests")
     steps = _list(d.get("steps", []), f"{source}: steps")
     if not reqs and not steps:
@@ -101,9 +105,46 @@ def check_json(d, source: str = "sequence") -> None:
                 raise BadInput(f"{src}.block_size: {json.dumps(s['block_size'])[:40]}, but the sequence's block_size "
                                f"is {bs}")
         _check_step(s, src, num_slots * ((ALIGN_BLOCKS if bs else 1) + k), max_tokens, d.get("vocab", 512), k, bs)
+        if s.get("dp_peer") is not None:
+            _check_peer(s["dp_peer"], f"{src}.dp_peer", d, max_tokens, k, num_slots)
         if s["step"] != i:
             raise BadInput(f"{src}.step: {s['step']}, but it is step {i} of the file (steps are numbered 0, 1, 2, ...)")
         _check_request_ids(s["request_ids"], src, rids)
+
+
+def _check_scheduler(d: dict, source: str, max_tokens: int, k: int, num_slots: int) -> None:
+    """The scheduler settings beyond the budget (`config.SchedulerConfig`) and the other
+    data-parallel rank's batches (`dp_peers`, cycled over the steps)."""
+    _int(d.get("max_num_scheduled_tokens"), f"{source}: max_num_scheduled_tokens", 1, 65536, none=True)
+    _int(d.get("long_prefill_token_threshold", 0), f"{source}: long_prefill_token_threshold", 0, 65536)
+    _bool(d.get("async_scheduling", False), f"{source}: async_scheduling")
+    SchedulerConfig(d.get("max_num_scheduled_tokens"), d.get("long_prefill_token_threshold", 0),
+                    d.get("async_scheduling", False)).check(max_tokens, k, source)
+    peers = d.get("dp_peers")
+    if peers is None:
+        return
+    if not _list(peers, f"{source}: dp_peers"):
+        raise BadInput(f"{source}: dp_peers: empty (leave it out for no data-parallel coordination)")
+    for i, p in enumerate(peers):
+        _check_peer(p, f"{source}: dp_peers[{i}]", d, max_tokens, k, num_slots)
+
+
+def _check_peer(p, src: str, d: dict, max_tokens: int, k: int, num_slots: int) -> None:
+    """The other data-parallel rank's batch: [num_tokens 0..max_tokens, uniform]; 0 tokens is an
+    idle rank, whose dummy run is a uniform decode ([0, true]); a uniform batch is whole decodes of
+    1+K tokens, at most num_slots of them."""
+    if not d.get("data_parallel", False):
+        raise BadInput(f"{src}: the other data-parallel rank's batch needs data_parallel")
+    if len(_list(p, src)) != 2:
+        raise BadInput(f"{src}: {len(p)} entries, not [num_tokens, uniform]")
+    _int(p[0], f"{src}[0]", 0, max_tokens)
+    _bool(p[1], f"{src}[1]")
+    q = 1 + k
+    if p[0] == 0 and not p[1]:
+        raise BadInput(f"{src}: [0, false], but an idle rank's dummy run is a uniform decode: [0, true]")
+    if p[0] and p[1] and (p[0] % q or p[0] // q > num_slots):
+        raise BadInput(f"{src}: a uniform batch of {p[0]} tokens is not whole decodes of 1+spec_tokens = {q} tokens "
+                       f"for at most num_slots {num_slots} requests")
 
 
 def _check_prefixes(reqs: list, source: str) -> None:
@@ -204,6 +245,9 @@ def _check_step(s, src: str, blocks: int, max_tokens: int, vocab: int, k: int, b
         _slot(v, f"{src}.live_slots[{j}]", blocks)
     for j, v in enumerate(_list(s.get("finished", []), f"{src}.finished")):
         _int(v, f"{src}.finished[{j}]", 0)
+    for j, v in enumerate(_list(s.get("lagged", []), f"{src}.lagged")):
+        if v not in s["request_ids"] or s["lagged"].index(v) != j:
+            raise BadInput(f"{src}.lagged[{j}]: {json.dumps(v)[:40]} is not a request of this step, once")
     for j, c in enumerate(_list(s.get("post_copies", []), f"{src}.post_copies")):
         if bs is None:
             raise BadInput(f"{src}.post_copies: boundary-state copies need a block_size")

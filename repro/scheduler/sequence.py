@@ -35,7 +35,11 @@ class Request:
 
 
 _SEQ_KEYS = ("num_slots", "max_tokens", "vocab", "seed", "max_steps", "spec_tokens", "data_parallel", "tail_dummies",
-             "block_size")
+             "block_size", "max_num_scheduled_tokens", "long_prefill_token_threshold", "async_scheduling", "dp_peers")
+# The scheduler settings a sequence carries only when set (`config.SchedulerConfig`, `dp_peers`): a
+# sequence without them is written, read and scheduled as before they existed.
+UNSET = {"block_size": None, "max_num_scheduled_tokens": None, "long_prefill_token_threshold": 0,
+         "async_scheduling": False, "dp_peers": None}
 
 
 @dataclass
@@ -51,6 +55,12 @@ class Sequence:
     data_parallel: bool = False  # one rank of several: it runs a dummy step on each idle tick
     tail_dummies: int = 0  # dummy steps after the last request finishes (data_parallel)
     block_size: int | None = None  # prefix caching's block size (vLLM's mamba cache mode "align"); None: "none"
+    # vLLM's SchedulerConfig settings beyond the budget (`scheduler/config.py`)
+    max_num_scheduled_tokens: int | None = None  # the scheduler's budget, below max_tokens; None: max_tokens
+    long_prefill_token_threshold: int = 0  # a prompt chunk's cap while others run or wait; 0: none
+    async_scheduling: bool = False  # the AsyncScheduler: placeholders and a one-step lag
+    # data_parallel: the other rank's batch each step, [num_tokens, uniform], cycled (0 tokens: idle)
+    dp_peers: list | None = None
 
     def blocks_per_request(self) -> int:
         """State blocks a request slot adds to the pool: 1+K, or with a block size ALIGN_BLOCKS + K."""
@@ -62,8 +72,9 @@ class Sequence:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        if d["block_size"] is None:
-            del d["block_size"]
+        for key, unset in UNSET.items():
+            if d[key] == unset:
+                del d[key]
         d["requests"] = [request_json(r) for r in self.requests]
         d["steps"] = [b.to_json() for b in self.batches()]
         return d

@@ -1,9 +1,11 @@
 """A sequence's steps: its requests given to the scheduler (`scheduler.Scheduler`) in arrival order
-and stepped until every one has finished, with an idle data-parallel rank's dummy steps."""
+and stepped until every one has finished, with an idle data-parallel rank's dummy steps, and each
+step naming the other data-parallel rank's batch where the sequence gives one (`dp_peers`)."""
 from __future__ import annotations
 
 from ..control.batch import StepBatch
 from ..errors import BadInput
+from .config import SchedulerConfig
 from .prefix import ALIGN_BLOCKS
 from .scheduler import Scheduler
 
@@ -16,10 +18,16 @@ def block_pool(num_slots: int, spec_tokens: int = 0, first: int = 1) -> list[int
     return list(range(first, first + num_slots * (1 + spec_tokens)))
 
 
+def scheduler_config(seq) -> SchedulerConfig:
+    """The settings of `seq` beyond its budget (`config.SchedulerConfig`)."""
+    return SchedulerConfig(seq.max_num_scheduled_tokens, seq.long_prefill_token_threshold, seq.async_scheduling)
+
+
 def schedule(seq, usable_slots=None) -> list[StepBatch]:
     """The steps of `seq` (a `sequence.Sequence`): its requests added in arrival order, one
     `Scheduler.step` a tick, a dummy step on each idle tick of a data-parallel rank while requests
-    are still to arrive, and `tail_dummies` dummy steps after the last request finishes.
+    are still to arrive, and `tail_dummies` dummy steps after the last request finishes. With
+    `dp_peers`, step i names the other rank's batch `dp_peers[i % len(dp_peers)]` (`StepBatch.dp_peer`).
 
     `usable_slots`: the state rows requests may use, as `Sequence.batches` takes them (None:
     1..num_slots, the pad sentinel 0's; range(num_slots): the sentinel -1's). With K > 0 every
@@ -38,7 +46,7 @@ def schedule(seq, usable_slots=None) -> list[StepBatch]:
     if seq.tail_dummies and not seq.data_parallel:
         raise BadInput(f"tail_dummies {seq.tail_dummies} needs data_parallel (only an idle data-parallel rank runs one)")
     sched = Scheduler(seq.max_tokens, pool, k, seq.vocab, seq.seed, seq.data_parallel, bs,
-                      seq.num_slots if bs else None, (min(pool) - 1) if bs else 0)
+                      seq.num_slots if bs else None, (min(pool) - 1) if bs else 0, scheduler_config(seq))
     for r in sorted(seq.requests, key=lambda r: (r.arrive, r.rid)):
         sched.add(r.rid, r.prompt_len, r.decode_steps, r.arrive, r.preempt_after, r.accept, r.prefix_of, r.prefix_len)
     limit = TICK_LIMIT + max((r.arrive for r in seq.requests), default=0)
@@ -53,5 +61,6 @@ def schedule(seq, usable_slots=None) -> list[StepBatch]:
         if sched.tick > limit:
             raise BadInput("the sequence does not finish (a request can never be scheduled)")
     steps.extend(sched.dummy() for _ in range(seq.tail_dummies))
+    for i, b in enumerate(steps if seq.dp_peers else ()):
+        b.dp_peer = list(seq.dp_peers[i % len(seq.dp_peers)])
     return steps
-

@@ -21,6 +21,8 @@ class Blame:
     tried: int  # minimal-sequence runs made
 
     def line(self) -> str:
+        if not self.rules and not self.tried:
+            return "no rule of the stack explains it (it departs from the fixed form in none): a candidate upstream report"
         if not self.rules:
             return (f"no rule of the stack explains it ({self.tried} runs, each rule and pair set to its fixed form): "
                     "a candidate upstream report")

@@ -1,34 +1,40 @@
-"""The blind hunt: `repro hunt --stack S` with no `--hazard` searches the stack profile as it is
-(no bug planted, every control rule as the release has it), and once a failure is shrunk asks
-which rule is at fault (`blame.py`: each rule where the profile departs from the fixed form set
-to its fixed form, the minimal sequence run again) and which upstream issue that rule maps to.
+"""The blind hunt: `repro hunt` with no `--hazard` searches a stack profile as it is (no bug
+planted, every control rule as the release has it: `--stack S`, the fixed one by default), and
+once a failure is shrunk asks which rule is at fault (`blame.py`: each rule where the profile
+departs from the fixed form set to its fixed form, the minimal sequence run again) and which
+upstream issue that rule maps to. A failure no rule explains, on any profile (the fixed one
+departs in none), is said to be so, with the rules in force: a candidate upstream report.
 
-A told hunt (`--hazard H`) plants the bug on the stack; a blind hunt only says where to look: the
-drafts a decode carries (K, 2 by default, as vLLM #53051's MTP packet ran) and whether an idle
-data-parallel rank's dummy steps are in the sequences."""
+A told hunt (`--hazard H`) plants the bug on the stack in the hazard's mode; a blind hunt only says
+where to look: the drafts a decode carries (K, 2 by default, as vLLM #53051's MTP packet ran),
+whether an idle data-parallel rank's dummy steps are in the sequences, and, without `--mode`, every
+graph mode the profile runs (`Stack.modes`), each example drawing one."""
 from __future__ import annotations
+
+from dataclasses import fields
 
 from ..check.compare import Divergence
 from ..knobs.modes import mode_name
+from ..knobs.stacks import stack as stack_profile
 from ..job.cases import run_case, sequence_needs
 from ..knobs import hazards as hz
 from .blame import Blame, blame
 
 BLIND_SPEC = 2  # a blind hunt's drafts a decode without --spec-tokens (vLLM #53051 ran MTP with k = 2)
-BLIND_MODE = "full"  # vLLM's default CUDAGraphMode for these models: FULL_AND_PIECEWISE
 
 
 def is_blind(o) -> bool:
-    """No hazard planted and a stack profile other than the fixed one, or the installed vLLM's own
-    decisions (`--control vllm`): the profile, or vLLM as patched, is searched."""
-    return not o.hazards and (o.stack != "fixed" or getattr(o, "control", "mirror") != "mirror")
+    """No hazard planted: the stack profile itself is searched (the fixed one too), or the installed
+    vLLM as patched under its own decisions (`--control vllm`)."""
+    return not o.hazards
 
 
-def hunt_mode(o, default: str) -> str:
-    """The mode asked for; a blind hunt's default is vLLM's (FULL_AND_PIECEWISE), a told one's `default`."""
+def hunt_modes(o, default: str) -> tuple[str, ...]:
+    """The modes a hunt searches: the one asked for; else every mode a blind hunt's profile runs
+    (`Stack.modes`, its default first); else a told hunt's `default` (its hazard's)."""
     if o.mode:
-        return o.mode
-    return mode_name(BLIND_MODE) if is_blind(o) else default
+        return (mode_name(o.mode),)
+    return stack_profile(o.stack).modes if is_blind(o) else (default,)
 
 
 def sequence_shape(o) -> tuple[int, bool]:
@@ -62,8 +68,8 @@ def failure(r):
         fd = r.first_divergence
         return Divergence(fd["step"], fd["island"], fd["tensor"], fd["row"], fd["request"], fd["slot"],
                           fd["max_abs"], fd.get("context", {}))
-    if r.detected and r.findings:
-        return Found(r.findings[0])
+    if r.detected and r.findings:  # the finding that detects it, not a note beside it
+        return Found(next((f for f in r.findings if f["kind"] in hz.FINDING_KINDS), r.findings[0]))
     return None
 
 
@@ -83,11 +89,17 @@ def blame_json(b: Blame) -> dict:
     return {"rules": list(b.rules), "hazards": list(b.hazards), "upstream": b.upstream, "tried": b.tried}
 
 
-def blame_lines(b: Blame, stack: str) -> list[str]:
-    """What a blind hunt prints after the minimal sequence: the rule and its upstream issue, or
-    that no rule of the profile explains the failure."""
+def rules_in_force(rules) -> str:
+    """Every control rule and its setting, as the run had them."""
+    return ", ".join(f"{f.name}={getattr(getattr(rules, f.name), 'value', getattr(rules, f.name))}"
+                     for f in fields(rules))
+
+
+def blame_lines(b: Blame, stack: str, rules) -> list[str]:
+    """What a blind hunt prints before the minimal sequence: the rule and its upstream issue, or
+    that no known rule explains the failure, with the rules in force (`rules`, a `ControlRules`)."""
     lines = [f"blame ({stack}): {b.line()}"]
     if not b.rules:
-        lines.append("no rule of the stack profile explains this failure: a candidate upstream report "
-                     "(`repro report` on the saved result writes it up)")
+        lines.append(f"no known rule explains this failure: a candidate upstream report (`repro report` on the saved "
+                     f"result writes it up); the rules in force ({stack}): {rules_in_force(rules)}")
     return lines

@@ -2,6 +2,10 @@
 sequences (`Budget`), the profiles, and a shrinking move Hypothesis does not make (`merge_pass`).
 `repro hunt` itself (its config, outputs and lines) is `repro.commands.hunt`.
 
+Hypothesis shrinks every distinct failure it meets (a divergence, and an exception the check
+raised: `Crash`) and reports them together; `hunt` returns each, shrunk, as a `Failure`. With
+several graph modes to search, the mode is part of what each example draws.
+
 Profiles are registered when asked (`register_profiles`), not at import, and every database lives
 under the cache directory (`repro.io.cache_dir`), never in the working directory."""
 from __future__ import annotations
@@ -9,11 +13,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import traceback
+from dataclasses import dataclass
 
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky
 
+from ..errors import BadInput
 from ..io import cache_dir
 from ..scheduler.sequence import Sequence
 from .strategies import sequences as sequence_strategy
@@ -42,6 +50,31 @@ class FlakyHunt(Exception):
     the command line reports in one line with exit 1 (something is wrong, not the input)."""
 
 
+class Crash:
+    """A failure that is no divergence: the check raised (an IndexError in the runner, say), which
+    is a fault of the suite or the stack on that sequence. It has no step, only a line naming the
+    exception and where it was raised."""
+
+    step = None
+
+    def __init__(self, error: BaseException):
+        self.error = error
+        frames = traceback.extract_tb(error.__traceback__)
+        self.where = f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
+
+    def line(self) -> str:
+        return f"crash: {type(self.error).__name__}: {self.error} (raised at {self.where})"
+
+
+@dataclass
+class Failure:
+    """One distinct failure a hunt shrank: the minimal sequence, what it found there (a divergence,
+    a finding or a `Crash`: each has `line()` and `step`) and the graph mode it ran in (None: the
+    one mode the check knows)."""
+    seq: Sequence
+    found: object
+    mode: str | None = None
+
 def example_count(max_examples: int | None, profile: str | None) -> int:
     """An explicit --max-examples wins; else the profile's own count (soak: 5000); else 60."""
     if max_examples is not None:
@@ -52,12 +85,16 @@ def example_count(max_examples: int | None, profile: str | None) -> int:
     return DEFAULT_MAX_EXAMPLES
 
 
+_ONCE = object()  # a sequence that has run once (`Budget`)
+
+
 class Budget:
     """The distinct sequences a hunt may run: the search and its shrinking together
     (`--max-examples`).
 
-    Wraps the check: a sequence seen before runs again without counting (Hypothesis replays the
-    shrunk example, and a failure that does not repeat must still be seen as flaky); once `total`
+    Wraps the check: a sequence seen before runs once more without counting (Hypothesis replays the
+    shrunk example, and a failure that does not repeat must still be seen as flaky), and after that
+    is answered as that run was (the shrinker may reach one sequence by many paths); once `total`
     distinct sequences have run, any new one is answered "no divergence" without running, so the
     shrinker keeps the smallest failure it has. `phase` is "searching" until the first failure,
     then "shrinking"; `progress(budget)` is called after each new sequence."""
@@ -66,40 +103,50 @@ class Budget:
         self.check, self.total, self.progress = check, total, progress
         self.spent = 0
         self.found_at: int | None = None  # the run that first failed
-        self._seen: set = set()
+        self._seen: dict = {}  # sequence -> its last answer, once it has run twice
 
     @property
     def phase(self) -> str:
         return "searching" if self.found_at is None else "shrinking"
 
-    def __call__(self, seq: Sequence):
-        key = json.dumps(dataclasses.asdict(seq), sort_keys=True)
+    def __call__(self, seq: Sequence, *more):
+        key = json.dumps([dataclasses.asdict(seq), *more], sort_keys=True)
         if key in self._seen:
-            return self.check(seq)
+            if self._seen[key] is _ONCE:
+                self._seen[key] = self.check(seq, *more)
+            return self._seen[key]
         if self.spent >= self.total:
             return None
-        self._seen.add(key)
+        self._seen[key] = _ONCE
         self.spent += 1
-        div = self.check(seq)
-        if div is not None and self.found_at is None:
-            self.found_at = self.spent
-        if self.progress is not None:
-            self.progress(self)
+        try:
+            div = self.check(seq, *more)
+        except Exception:
+            div = True  # a crash fails as a divergence does
+            raise
+        finally:
+            if div is not None and self.found_at is None:
+                self.found_at = self.spent
+            if self.progress is not None:
+                self.progress(self)
         return div
 
 
 def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab: int = 512, num_slots: int = 4,
          max_requests: int = 5, max_tokens: int = 8, max_prompt: int | None = None, cache=None, progress=None,
-         spec_tokens: int = 0, data_parallel: bool = False, block_size: int | None = None):
-    """Search sequences for one where `check(seq)` returns a divergence; return the shrunk
-    (sequence, divergence) or (None, None). The sequences carry `spec_tokens` drafts a decode and,
+         spec_tokens: int = 0, data_parallel: bool = False, block_size: int | None = None,
+         modes: tuple[str, ...] | None = None) -> list[Failure]:
+    """Search sequences for those where `check(seq)` returns a divergence (or raises); return each
+    distinct failure Hypothesis found, shrunk (`Failure`), the first it met first; none: []. With
+    `modes`, each example also draws one of them (shrinking toward the first) and the check is
+    `check(seq, mode)`. The sequences carry `spec_tokens` drafts a decode and,
     with `data_parallel`, an idle rank's dummy steps; with `block_size`, prefix caching and shared
     prefixes. At most `max_examples` sequences run, the search and
     the shrinking together (`Budget`); None: the profile's own count (so `--profile soak` means
     5000), or DEFAULT_MAX_EXAMPLES without a profile. `progress(budget)` after each sequence run.
     Raises FlakyHunt when a failure does not reproduce (nondeterminism is itself worth
-    reporting, in one line)."""
-    found: list = []
+    reporting, in one line); bad input and lack of memory pass through as they are."""
+    found: list[tuple[Failure, BaseException]] = []
     if profile is not None:
         register_profiles(cache)
         base = settings.get_profile(profile)
@@ -109,24 +156,59 @@ def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab
     # a derandomised search's seed is the source of the function it runs: kept as before block sizes
     sequences = functools.partial(sequence_strategy, block_size=block_size)
 
+    drawn = sequences(max_requests, max_tokens, num_slots, vocab, max_prompt, spec_tokens, data_parallel)
+    if modes:
+        drawn = st.tuples(drawn, st.sampled_from(modes))
+    else:
+        drawn = drawn.map(lambda seq: (seq,))
+
     @settings(base, max_examples=budget.total, deadline=None, suppress_health_check=list(HealthCheck),
               phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
-    @given(sequences(max_requests, max_tokens, num_slots, vocab, max_prompt, spec_tokens, data_parallel))
-    def prop(seq):
-        div = budget(seq)
+    @given(drawn)
+    def prop(example):
+        try:
+            div = budget(*example)
+        except (BadInput, MemoryError):
+            raise
+        except Exception as e:
+            found.append((Failure(example[0], Crash(e), *example[1:]), e))
+            raise
         if div is not None:
-            found.append((seq, div))
-            raise AssertionError(div.line())
+            err = AssertionError(div.line())
+            found.append((Failure(example[0], div, *example[1:]), err))
+            raise err
 
     try:
         prop()
     except Flaky as e:
-        last = found[-1][1].line() if found else str(e).splitlines()[0]
-        raise FlakyHunt(f"hunt: a failure did not reproduce on the same sequence (nondeterministic): {last}") from None
-    except AssertionError:
-        seq, div = found[-1]  # the last failure hypothesis tried is the shrunk one
-        return merge_pass(seq, div, budget)
-    return None, None
+        raise _flaky(found, e) from None
+    except Exception as e:
+        group = getattr(e, "exceptions", None)  # an ExceptionGroup (the backport's on Python 3.10)
+        errors = list(group) if isinstance(group, tuple) else [e]
+        if any(isinstance(x, Flaky) for x in errors):
+            raise _flaky(found, e) from None
+        shrunk = []
+        for x in errors:  # Hypothesis raises what its last run of each minimal example raised
+            f = next((f for f, err in reversed(found) if err is x), None)
+            if f is None:
+                raise
+            shrunk.append(f)
+        return [_merged(f, budget) for f in shrunk]
+    return []
+
+
+def _flaky(found, e) -> FlakyHunt:
+    last = found[-1][0].found.line() if found else str(e).splitlines()[0]
+    return FlakyHunt(f"hunt: a failure did not reproduce on the same sequence (nondeterministic): {last}")
+
+
+def _merged(f: Failure, check) -> Failure:
+    """A divergence's sequence after `merge_pass` (a crash is kept as Hypothesis shrank it)."""
+    if isinstance(f.found, Crash):
+        return f
+    more = () if f.mode is None else (f.mode,)
+    seq, div = merge_pass(f.seq, f.found, lambda s: check(s, *more))
+    return Failure(seq, div, f.mode)
 
 
 def merge_pass(seq: Sequence, div, check):
