@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..io import emit
 from ..report import SCRIPT, WEIGHTS, check_layer, check_output, load_result, write_report
 
 
@@ -32,6 +33,6 @@ def report_command(c: ReportConfig) -> int:
     check_layer(doc, c.layer)
     write_report(doc, out, result_path=str(c.result), index=c.case, layer=c.layer, sentinel=c.sentinel,
                  verify=c.verify, seed=c.seed, weights=c.weights, force=c.force, cache=c.cache, stack=c.stack)
-    print(f"wrote {out}/REPORT.md, env.txt, sequence.json" + (f", {SCRIPT}" if (out / SCRIPT).exists() else "")
+    emit(f"wrote {out}/REPORT.md, env.txt, sequence.json" + (f", {SCRIPT}" if (out / SCRIPT).exists() else "")
           + (f", {WEIGHTS}" if (out / WEIGHTS).exists() else ""))
     return 0
