@@ -28,6 +28,7 @@ import os
 import shutil
 import stat
 import sys
+import textwrap
 import uuid
 from pathlib import Path
 
@@ -103,6 +104,38 @@ def check_output_file(path, what: str = "--json") -> Path | None:
             raise BadInput(f"{what} {path}: not writable (permission denied)")
     _check_folder(real.parent if str(real.parent) else Path("."), what, path)
     return Path(path)
+
+
+def check_distinct(files, folders=()) -> None:
+    """Refuse two outputs of one command on one path, before the work: `files` are (option, path)
+    pairs, `folders` (option, path, the names written in it) triples; None paths are skipped. Two
+    options naming one file (by any spelling: `./x`, a symlink) would leave only the last one
+    written, and a file named as one a report folder will hold would be replaced by it."""
+    seen: dict[str, tuple[str, object]] = {}
+    for what, path in files:
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            other, was = seen[real]
+            raise BadInput(f"{what} {path}: the same file as {other} {was} (give each output its own path)")
+        seen[real] = (what, path)
+    for what, path, names in folders:
+        if path is None:
+            continue
+        folder = os.path.realpath(path)
+        for real, (other, was) in seen.items():
+            if real == folder or (os.path.dirname(real) == folder and os.path.basename(real) in names):
+                raise BadInput(f"{other} {was}: the same path as {what} {path} writes (give each output its own path)")
+
+
+def check_output_folder(path, what: str) -> Path:
+    """A new output folder's parent must exist, as an output file's folder must: repro never
+    creates folders on the way (a typo in a parent would otherwise become a new tree)."""
+    p = Path(os.path.abspath(path))
+    if not p.exists():
+        _check_folder(p.parent, what, path)
+    return p
 
 
 def _keep_mode(tmp: Path, real: Path) -> None:
@@ -222,6 +255,24 @@ def strict_json(obj):
 def dumps(obj) -> str:
     """Strict JSON text (see `strict_json`); unknown objects (paths, dtypes) become their str."""
     return json.dumps(strict_json(obj), indent=2, allow_nan=False, default=str) + "\n"
+
+
+PIPE_WIDTH = 100  # the columns text wraps at when stdout is no terminal and $COLUMNS is unset (logs, pipes)
+MIN_WIDTH = 40  # narrower than this, wrapped text would be a word a line
+
+
+def text_width() -> int:
+    """The columns printed text wraps at: $COLUMNS, else the terminal's, else PIPE_WIDTH
+    (`shutil.get_terminal_size`), so a note never breaks mid-word in a narrow pane."""
+    return max(MIN_WIDTH, shutil.get_terminal_size((PIPE_WIDTH, 24)).columns)
+
+
+def wrap(text: str, label: str = "", indent: str | None = None) -> list[str]:
+    """`text` over lines of `text_width()`, the first starting with `label` and the rest indented as
+    deep (or by `indent`); words and hyphenated names are never split."""
+    return textwrap.wrap(text, text_width(), initial_indent=label,
+                         subsequent_indent=" " * len(label) if indent is None else indent,
+                         break_long_words=False, break_on_hyphens=False) or [label.rstrip()]
 
 
 def emit(text: str = "") -> None:

@@ -118,7 +118,7 @@ def test_plot_without_matplotlib_is_a_clear_error(tiny_path, tmp_path, monkeypat
 
 @pytest.mark.parametrize("argv, message", [
     (["--batches", "1,x"], "--batches"),
-    (["--batches", "0"], ">= 1"),
+    (["--batches", "0"], "in 1..512"),
     (["--island", "nope"], "unknown island"),
     (["--kernels", "moe=nope"], "nope"),
 ])

@@ -21,12 +21,23 @@ def test_a_state_slot_divergence_has_no_row_column_and_no_ratio():
 
 def test_findings_on_a_clean_row_are_notes_printed_whole():
     detail = "aten.add_.Tensor writes argument 0, which graph 0 returned and its holder still reads later on"
-    r = CaseResult(Case("chain", "piecewise", ("output-alias",), ("clone-outputs",)), 60, None,
-                   [{"kind": "mutates-input", "island": "lint", "detail": detail},
-                    {"kind": "alias", "island": "submod1", "detail": "x"}])
-    table = format_table([r])
+    findings = [{"kind": "mutates-input", "island": "lint", "detail": detail}, {"kind": "alias", "island": "submod1",
+                                                                               "detail": "x"}]
+    table = format_table([CaseResult(Case("chain", "piecewise"), 60, None, findings)])
     assert _row(table).split()[-2:] == ["ok", "1,2"]
     assert " ".join(f"mutates-input: {detail}".split()) in " ".join(table.split()) and "[2] alias: x" in table
+
+
+def test_a_repair_that_held_says_so_beside_what_it_answers():
+    """A hazard's row with its repair that ends ok: its note says the repair held (the findings that
+    capture still shows, whole, inside it), not the findings alone, which read as a failure."""
+    detail = "num_actual_tokens was 7 when 8 tokens was captured and differs at a later replay"
+    r = CaseResult(Case("chain", "piecewise", ("frozen-python-state",), ("recapture",)), 12, None,
+                   [{"kind": "python-state", "island": "submod1", "detail": detail}])
+    table = format_table([r])
+    assert _row(table).split()[-2:] == ["ok", "1"]
+    flat = " ".join(table.split())
+    assert "[1] recapture held: replay equals eager in all 12 steps" in flat and f"python-state: {detail}" in flat
 
 
 def test_a_hunt_says_how_far_it_is_against_its_bound_without_a_terminal():

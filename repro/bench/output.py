@@ -3,7 +3,7 @@ command itself is `repro.commands.bench`)."""
 from __future__ import annotations
 
 from ..errors import BadInput
-from ..io import write_with
+from ..io import wrap, write_with
 from .lockrates import format_rates
 from .replay import TARGET_FLOOR_RATIO, TARGET_SPEEDUP, BenchResult, targets
 
@@ -12,32 +12,52 @@ def _f(v, fmt="{:.1f}"):
     return "-" if v is None else fmt.format(v)
 
 
-def format_table(res: BenchResult) -> str:
-    head = ("island", "mode", "B", "repair", "eager us", "replay us", "eager/replay", "floor us", "replay/floor",
-            "repair cost")
-    rows = [head]
-    for r in res.rows:
-        rows.append((r.island, r.mode or "-", str(r.batch), r.repair or "-", _f(r.eager_us), _f(r.replay_us),
-                     _f(r.speedup, "{:.2f}"), _f(r.floor_us, "{:.2f}"), _f(r.floor_ratio, "{:.2f}"),
-                     _f(r.repair_cost, "{:.3f}")))
-    widths = [max(len(x[i]) for x in rows) for i in range(len(head))]
-    lines = ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(x, widths))).rstrip()
+def _grid(rows: list[tuple]) -> list[str]:
+    """Rows of cells (the first is the header) as aligned text: text columns left, numbers right."""
+    widths = [max(len(x[i]) for x in rows) for i in range(len(rows[0]))]
+    num = [i for i in range(len(widths)) if all(_numeric(x[i]) for x in rows[1:])]
+    lines = ["  ".join(c.rjust(w) if i in num else c.ljust(w) for i, (c, w) in enumerate(zip(x, widths))).rstrip()
              for x in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines.append(f"copy bandwidth {res.bandwidth / 1e9:.1f} GB/s (read + write), {res.iters} samples a median, "
-                 f"provider {res.graph_provider} on {res.device}")
+    return lines
+
+
+def _numeric(cell: str) -> bool:
+    return cell == "-" or cell.replace(".", "", 1).replace(",", "").isdigit()
+
+
+def format_table(res: BenchResult) -> str:
+    """Two tables, each readable in 80 columns: replay against eager and against the bandwidth floor
+    (one row an island or chain mode and batch), then the repairs' costs (the runner's step with the
+    repair over the step without, at baseline), then the summary lines."""
+    replay = [("island", "mode", "B", "eager us", "replay us", "speedup", "floor us", "replay/floor")]
+    repairs = [("mode", "B", "repair", "eager us", "replay us", "repair cost")]
+    for r in res.rows:
+        if r.repair is None:
+            replay.append((r.island, r.mode or "-", str(r.batch), _f(r.eager_us), _f(r.replay_us),
+                           _f(r.speedup, "{:.2f}"), _f(r.floor_us, "{:.2f}"), _f(r.floor_ratio, "{:.2f}")))
+        else:
+            repairs.append((r.mode or "-", str(r.batch), r.repair, _f(r.eager_us), _f(r.replay_us),
+                            _f(r.repair_cost, "{:.3f}")))
+    lines = _grid(replay) if len(replay) > 1 else []
+    if len(repairs) > 1:
+        lines += ([""] if lines else []) + _grid(repairs)
+    said = ["speedup: eager/replay; replay/floor: replay over the time the step's bytes take at the copy bandwidth",
+            f"copy bandwidth {res.bandwidth / 1e9:.1f} GB/s (read + write), {res.iters} samples a median, "
+            f"provider {res.graph_provider} on {res.device}"]
     t = targets(res.rows)["chain_full_b1"]
     if t:
-        lines.append(f"target chain full B=1: replay/floor {t['replay_over_floor']:.2f} (<= {TARGET_FLOOR_RATIO:g}: "
-                     f"{'met' if t['within_5x_of_floor'] else 'NOT met'}), eager/replay {t['eager_over_replay']:.1f} "
-                     f"(>= {TARGET_SPEEDUP:g}: {'met' if t['replay_10x_faster_than_eager'] else 'NOT met'})")
+        said.append(f"target chain full B=1: replay/floor {t['replay_over_floor']:.2f} (<= {TARGET_FLOOR_RATIO:g}: "
+                    f"{'met' if t['within_5x_of_floor'] else 'NOT met'}), eager/replay {t['eager_over_replay']:.1f} "
+                    f"(>= {TARGET_SPEEDUP:g}: {'met' if t['replay_10x_faster_than_eager'] else 'NOT met'})")
+    lines += [x for line in said for x in wrap(line)]
     if res.lockstep_rates:
         lines.append(format_rates(res.lockstep_rates))
     if res.tiny_rates:
         r = res.tiny_rates
-        lines.append(f"CPU tiny: lockstep {r['lockstep_piecewise_steps_per_s']} steps/s piecewise, "
-                     f"{r['lockstep_full_and_piecewise_steps_per_s']} steps/s full_and_piecewise; "
-                     f"Hypothesis {r['hypothesis_examples_per_s']} examples/s ({r['hypothesis_examples']} examples)")
+        lines += wrap(f"CPU tiny: lockstep {r['lockstep_piecewise_steps_per_s']} steps/s piecewise, "
+                      f"{r['lockstep_full_and_piecewise_steps_per_s']} steps/s full_and_piecewise; "
+                      f"Hypothesis {r['hypothesis_examples_per_s']} examples/s ({r['hypothesis_examples']} examples)")
     return "\n".join(lines)
 
 

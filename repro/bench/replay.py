@@ -45,6 +45,7 @@ from .floor import floor_bytes, routed_experts_used, _MoESpy
 from .timing import Clock, copy_bandwidth, kernel_profile
 from ..control.meta import GDNMeta
 from ..control.batch import StepBatch
+from ..control.dispatch import PLATFORM_CEILING
 from ..knobs import hazards as hz
 from ..model.config import PRESETS
 from ..io import cache_dir
@@ -332,12 +333,15 @@ def applicable_repairs(mode: str, streams: bool) -> list[str]:
 
 
 def parse_batches(spec: str) -> list[int]:
+    """`--batches`: decode batch sizes up to PLATFORM_CEILING, the largest size vLLM captures (a
+    larger batch runs eagerly there, so its replay time is no serving stack's)."""
     try:
         out = [int(x) for x in spec.split(",") if x.strip()]
     except ValueError:
         raise BadInput(f"--batches {spec!r}: expected comma-separated integers, e.g. 1,8,32") from None
-    if not out or any(b < 1 for b in out):
-        raise BadInput(f"--batches {spec!r}: batch sizes must be >= 1")
+    if not out or any(not 1 <= b <= PLATFORM_CEILING for b in out):
+        raise BadInput(f"--batches {spec!r}: batch sizes must be in 1..{PLATFORM_CEILING} (vLLM captures no larger "
+                       "decode graph: `default_max_graph_size`)")
     return out
 
 

@@ -14,6 +14,19 @@ from ..errors import BadInput
 from . import environ
 from .parser import parser
 
+# What `repro --help` says before the commands, each of which says what it is for.
+HELP = """Find where device-graph replay of Qwen3.6-35B-A3B's layers (W8A8 INT8) departs from eager
+execution, shrink it to a minimal request sequence, and write it up for upstream maintainers.
+
+The usual path: `repro env` (what this machine has), `repro run` (every island and hazard, on the
+embedded tiny checkpoint or --model DIR), `repro hunt` (search for a sequence that diverges; with
+--stack NAME, blind, under a vLLM release's own control rules), then `repro report RESULT.json
+-o DIR` (REPORT.md and a script that needs only torch, to attach to an upstream issue).
+Every command's options: repro COMMAND --help.
+
+exit codes: 0 clean (nothing found), 1 a divergence, finding or MISSED hazard, 2 bad input (one
+line on stderr); 130 interrupted."""
+
 # command -> (module of this package, function): imported only when the command runs
 COMMANDS = {"env": ("env", "env"), "make-tiny": ("model", "make_tiny"), "inspect": ("model", "inspect"),
             "run": ("run", "run"), "hunt": ("run", "hunt"), "report": ("report", "report"),
@@ -55,7 +68,7 @@ def _call(a) -> int:
 
 def main(argv=None) -> int:
     try:
-        a = parser(__doc__).parse_args(argv)
+        a = parser(HELP).parse_args(argv)
     except SystemExit as e:  # usage errors (one line, see parser.Parser) and --help: a return code in-process
         return e.code if isinstance(e.code, int) else 2
     a.argv = list(sys.argv[1:] if argv is None else argv)
@@ -80,7 +93,8 @@ def main(argv=None) -> int:
             print(f"repro: error: out of memory on the device ({str(e).splitlines()[0][:160]})", file=sys.stderr)
             return 2
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # SIGINT: say so, and nothing else (a search's partial state means nothing)
+        print("repro: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # a print that did not go through `io.emit`: the reader left, and so do we
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -34,8 +34,15 @@ def kill(environ=os.environ):
     return parse_kill(environ.get(KILL_ENV))
 
 
+BACKENDS = ("gloo", "nccl", "xccl", "ccl")  # torch.distributed's, and oneCCL's bindings' "ccl"
+
+
 def comm_backend(environ=os.environ) -> str | None:
-    return environ.get(BACKEND_ENV) or None
+    """`$REPRO_COMM_BACKEND`, one of BACKENDS; None when unset or empty (the device's own)."""
+    v = environ.get(BACKEND_ENV) or None
+    if v is not None and v not in BACKENDS:
+        raise BadInput(f"{BACKEND_ENV}={v!r}: not a process-group backend (choose from {', '.join(BACKENDS)})")
+    return v
 
 
 def plugins(environ=os.environ) -> str:

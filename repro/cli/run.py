@@ -23,7 +23,7 @@ def run(a) -> int:
         command=command_line(a.argv), model=_path(a.model), device=a.device, island=a.island, layer=a.layer,
         mode=a.mode, hazards=tuple(a.hazard), repairs=tuple(a.repair), steps=a.steps, seed=a.seed,
         stack=a.stack, spec_tokens=a.spec_tokens, block_size=a.block_size, sentinel=a.sentinel,
-        sequence=_path(a.sequence),
+        sequence=_path(a.sequence), baseline=a.baseline,
         trace=_path(a.trace), json=_path(a.json),
         report=_path(a.report), force=a.force, strict=a.strict, amplify=not a.no_amplify,
         reference_every=a.reference_every, tp=a.tp, cache=environ.cache(), kill=environ.kill(),
@@ -35,7 +35,7 @@ def hunt(a) -> int:
     return hunt_command(HuntConfig(
         model=a.model, device=a.device, island="chain" if a.island in ("all", "chain") else a.island,
         layer=a.layer, mode=a.mode, hazards=tuple(a.hazard), repairs=tuple(a.repair), sentinel=a.sentinel,
-        stack=a.stack, spec_tokens=a.spec_tokens, block_size=a.block_size,
+        stack=a.stack or "fixed", spec_tokens=a.spec_tokens, block_size=a.block_size,
         max_examples=a.max_examples, profile=a.profile, save=a.save, json=a.json, report=_path(a.report),
         force=a.force, command=command_line(a.argv), cache=environ.cache(), control=a.control,
         patches=tuple(a.patch), coverage=a.coverage))

@@ -52,6 +52,7 @@ def _backend(kind: str, forced: str | None = None) -> str:
     import torch.distributed as dist
 
     if forced:
+        _check_forced(forced, kind)
         return forced
     if kind == "cpu":
         return "gloo"
@@ -67,6 +68,31 @@ def _backend(kind: str, forced: str | None = None) -> str:
     except Exception as e:  # pragma: no cover - only on XPU stacks
         raise DeviceUnavailable(f"--device xpu: torch has no XCCL (torch >= 2.8) and oneccl_bindings_for_pytorch "
                                 f"does not import ({e})") from e
+
+
+# The device each forced backend's collectives run on ("ccl": oneCCL's bindings, CPU or XPU).
+_BACKEND_DEVICES = {"gloo": ("cpu", "cuda", "xpu"), "nccl": ("cuda",), "xccl": ("xpu",), "ccl": ("cpu", "xpu")}
+
+
+def _check_forced(backend: str, kind: str) -> None:
+    """A forced backend (the CLI's $REPRO_COMM_BACKEND) that cannot run the ranks' device is bad
+    input, refused before any rank starts (else every rank fails in `init_process_group`)."""
+    import torch.distributed as dist
+
+    where = _BACKEND_DEVICES.get(backend, ())
+    if kind not in where:
+        raise DeviceUnavailable(f"comm backend {backend!r} (REPRO_COMM_BACKEND) runs on {' or '.join(where) or '?'}, "
+                                f"and the ranks run on {kind} (--device)")
+    if backend == "nccl" and not dist.is_nccl_available():
+        raise DeviceUnavailable("comm backend 'nccl' (REPRO_COMM_BACKEND): this torch has no NCCL")
+    if backend == "xccl" and not getattr(dist, "is_xccl_available", lambda: False)():
+        raise DeviceUnavailable("comm backend 'xccl' (REPRO_COMM_BACKEND): this torch has no XCCL (torch >= 2.8 +xpu)")
+    if backend == "ccl":
+        try:
+            importlib.import_module("oneccl_bindings_for_pytorch")  # registers the "ccl" backend
+        except Exception as e:
+            raise DeviceUnavailable(f"comm backend 'ccl' (REPRO_COMM_BACKEND): oneccl_bindings_for_pytorch does not "
+                                    f"import ({e})") from None
 
 
 def _check_devices(kind: str, tp: int) -> None:

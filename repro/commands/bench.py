@@ -12,7 +12,8 @@ from ..bench.output import format_profiles, format_table, plot, pyplot
 from ..bench.replay import CHOICES, BENCH_ISLANDS, MODES, checkpoint_for, parse_batches, run_bench
 from ..errors import BadInput
 from ..graphs import make_provider
-from ..io import check_output_file, write_json
+from ..knobs.modes import Runtime, parse_mode
+from ..io import check_distinct, check_output_file, emit, write_json
 from .control_rates import control_rates, format_control_rates
 from .hunt_rates import format_hunt_rates, hunt_rates
 from ..knobs.control import Control
@@ -83,8 +84,12 @@ def command_line(a: BenchConfig) -> str:
 
 def bench_command(a: BenchConfig) -> int:
     """`repro bench`: outputs checked first, then the measurements, the table and the files."""
+    check_distinct([("--json", a.json), ("--plot", a.plot)])
     check_output_file(a.json, "--json")
     check_output_file(a.plot, "--plot")
+    if a.mode and parse_mode(a.mode).decode is Runtime.NONE:  # the decode batch bench replays would run eagerly
+        raise BadInput(f"--mode {a.mode}: runs a decode batch eagerly, and bench times graph replay (leave --mode "
+                       f"out for {' and '.join(MODES)}, or name a mode with decode graphs)")
     if a.island not in CHOICES:
         raise BadInput(f"unknown island {a.island!r} for bench (choose from {', '.join(CHOICES)})")
     batches = parse_batches(a.batches)
@@ -122,9 +127,9 @@ def _bench(a: BenchConfig, batches) -> int:
                     rates=not a.no_tiny_rates, log=log, profile=a.profile,
                     lockstep_steps=a.lockstep_steps if a.lockstep_rates else 0, hunt_examples=a.hunt_examples,
                     reference_every=a.reference_every, cache=a.cache, spec_tokens=a.spec_tokens or 0)
-    print(format_table(res))
+    emit(format_table(res))
     if a.profile:
-        print(format_profiles(res))
+        emit(format_profiles(res))
     rates = None
     ctl = Control(a.control, tuple(a.patches))
     if a.hunt_rates and ctl.upstream:
@@ -139,7 +144,7 @@ def _bench(a: BenchConfig, batches) -> int:
             log(f"hunt rates: each record hazard told and blind, at most {a.hunt_examples} sequences a hunt")
         rates = hunt_rates(str(path), a.device, a.hunt_examples, a.stack, a.spec_tokens, provider.supports_streams,
                            quiet=a.quiet, log=log, cache=a.cache, block_size=a.block_size)
-        print(format_hunt_rates(rates))
+        emit(format_hunt_rates(rates))
     if a.json:
         doc = res.to_json()
         if rates is not None and ctl.upstream:
@@ -153,5 +158,5 @@ def _bench(a: BenchConfig, batches) -> int:
         write_json(a.json, doc)
     if a.plot:
         plot(res, a.plot)
-        print(f"wrote {a.plot}")
+        emit(f"wrote {a.plot}")
     return 0

@@ -5,6 +5,7 @@ import json
 from dataclasses import dataclass
 
 from ..env import environment, format_env
+from ..io import emit
 
 
 @dataclass(frozen=True)
@@ -17,5 +18,5 @@ class EnvConfig:
 def env_command(c: EnvConfig) -> int:
     """`repro env`: print the environment; always 0."""
     d = environment()
-    print(json.dumps(d, indent=2) if c.json else format_env(d))
+    emit(json.dumps(d, indent=2) if c.json else format_env(d))
     return 0

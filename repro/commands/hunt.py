@@ -19,13 +19,14 @@ import torch
 from ..control.dispatch import DEFAULT_SIZES
 from ..errors import BadInput
 from ..graphs import make_provider
-from ..io import cache_dir, check_output_file, emit, prepare_output_dir, write_json
-from ..islands import Model, check_island
+from ..io import cache_dir, check_distinct, check_output_file, emit, prepare_output_dir, write_json
+from ..islands import Model, check_island, kind
 from ..job.cases import Case, check_knobs, run_case
 from ..job.steps import case_steps
 from ..knobs import hazards as hz
 from ..model.tiny import default_checkpoint
 from ..progress import for_cases
+from ..report import OUTPUTS as REPORT_FILES
 from ..report import check_output as check_report_dir
 from ..report import upstream as upstream_report
 from ..report import write_report
@@ -208,6 +209,7 @@ def _check(o: HuntConfig) -> tuple[str, Path]:
         raise BadInput("--force: only with --report (it lets a report replace what repro wrote in DIR before)")
     modes = hunt_modes(o, default_mode(o.hazards))
     save = save_path(o, modes[0] if len(modes) == 1 else EVERY_MODE)
+    check_distinct([("--save", save), ("--json", o.json)], [("--report", o.report, REPORT_FILES)])
     if not o.save:
         save.parent.mkdir(parents=True, exist_ok=True)  # the cache's own folder for saved hunts
     check_output_file(save, "--save")
@@ -226,7 +228,7 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
     mode = modes[0]
     provider = make_provider(o.device)
     for m in modes:
-        hz.check(o.hazards, o.repairs, m, provider.supports_streams, o.island)
+        hz.check(o.hazards, o.repairs, m, provider.supports_streams, o.island, kind(o.island).eager)
     checkpoint = Path(o.model) if o.model else default_checkpoint(o.cache)
     model = Model(checkpoint, provider.device, o.layer, island="moe" if o.island == "moe" else "submod0")
     k, dp = sequence_shape(o)
@@ -253,12 +255,16 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
         if b.found_at is not None and "first_s" not in clock:
             clock["first_s"] = round(time.perf_counter() - t0, 2)
         progress(b)
+    stopped = False
     try:
         found = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, cache=o.cache, progress=shown,
                      spec_tokens=k, data_parallel=dp, block_size=o.block_size, modes=modes if len(modes) > 1 else None,
                      **space_for(DEFAULT_SIZES))
+    except KeyboardInterrupt:
+        stopped = True  # the search did not end: no "done" line
+        raise
     finally:
-        progress.end(seen[0] if seen else None)
+        progress.end(seen[0] if seen and not stopped else None)
     clock["examples"] = seen[0].spent if seen else 0
     what = f"{label}, {o.island}, {'/'.join(modes)}" + ("" if o.stack == "fixed" or is_blind(o) else f", stack {o.stack}")
     if edges is not None:
@@ -322,7 +328,8 @@ def _failure_doc(o: HuntConfig, f: Failure, case: Case, model, provider, checkpo
            "torch": torch.__version__, "kernel_sentinel": eff, "stack": o.stack, **control_json(o.ctl),
            "spec_tokens": k,
            "data_parallel": dp, "mode": mode, "minimal_sequence": minimal,
-           "results": [] if crash else [result.to_json()], "command": replay_line(o, mode, save)}
+           "results": [] if crash else [result.to_json()], "command": o.command,
+           "replay": replay_line(o, mode, save)}
     lines = []
     if crash:
         doc["crash"] = div.line()

@@ -7,7 +7,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..io import emit
+from ..errors import BadInput
+from ..io import check_output_folder, emit
+from ..model.config import PRESETS
 from ..model.inspect import format_inspect, inspect
 from ..model.tiny import make_tiny
 
@@ -26,10 +28,17 @@ class MakeTinyConfig:
 
 
 def make_tiny_command(c: MakeTinyConfig) -> int:
-    """`repro make-tiny`: write the checkpoint and say where."""
+    """`repro make-tiny`: write the checkpoint and say where. Its folder must exist (repro creates
+    no folder on the way), and each shard holds at least one of the preset's layers, its embedding
+    or its head."""
+    check_output_folder(c.dir, "make-tiny")
+    units = PRESETS[c.preset].num_hidden_layers + 2 if c.preset in PRESETS else None
+    if units is not None and not 1 <= c.shards <= units:
+        raise BadInput(f"--shards {c.shards}: out of range 1..{units} (preset {c.preset}: "
+                       f"{units - 2} layers, the embedding and the head, at least one a shard)")
     path = make_tiny(c.dir, seed=c.seed, preset=c.preset, quantised=c.quantised, naming=c.naming,
                      experts=c.experts, shards=c.shards)
-    print(f"wrote {path}")
+    emit(f"wrote {path}")
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..io import prepare_output_dir
+from ..io import emit, prepare_output_dir
 from ..report import SCRIPT, WEIGHTS, check_layer, check_output, load_result, write_report
 from ..report import upstream
 from ..knobs.control import Control
@@ -51,6 +51,6 @@ def report_command(c: ReportConfig) -> int:
     check_layer(doc, c.layer)
     write_report(doc, out, result_path=str(c.result), index=c.case, layer=c.layer, sentinel=c.sentinel,
                  verify=c.verify, seed=c.seed, weights=c.weights, force=c.force, cache=c.cache, stack=c.stack)
-    print(f"wrote {out}/REPORT.md, env.txt, sequence.json" + (f", {SCRIPT}" if (out / SCRIPT).exists() else "")
+    emit(f"wrote {out}/REPORT.md, env.txt, sequence.json" + (f", {SCRIPT}" if (out / SCRIPT).exists() else "")
           + (f", {WEIGHTS}" if (out / WEIGHTS).exists() else ""))
     return 0

@@ -5,7 +5,6 @@ forced_comm --tp N`) goes to `comm.run_forced_comm` and shares the table and the
 from __future__ import annotations
 
 import sys
-import textwrap
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,7 +15,7 @@ from kernels import registry
 from .. import comm
 from ..errors import BadInput
 from ..graphs import make_provider
-from ..io import check_output_file, emit, streamed, write_json
+from ..io import check_distinct, check_output_file, emit, streamed, wrap, write_json
 from ..islands import Model, check_island
 from ..knobs import hazards as hz
 from ..knobs.control import Control
@@ -24,12 +23,13 @@ from ..knobs.control import check as check_control
 from ..upstream.paths import control_json, ready
 from ..model.tiny import default_checkpoint
 from ..progress import for_cases
+from ..report import OUTPUTS as REPORT_FILES
 from ..report import check_output as check_report_dir
 from ..report import write_report
 from ..scheduler.prefix import check_block_size
-from ..scheduler.sequence import Sequence
+from ..scheduler.sequence import Sequence, load_sequence
 from ..job.cases import check_knobs, default_sequence, plan, run_case
-from ..job.results import WIDTH, device_name, exit_code, format_table, verdict
+from ..job.results import device_name, exit_code, format_table, verdict
 from ..job.triggers import needs
 
 
@@ -51,11 +51,13 @@ class RunConfig:
     repairs: tuple[str, ...] = ()
     steps: int | None = None  # None: DEFAULT_STEPS (given with `sequence`, it is refused)
     seed: int | None = None  # None: 0 (given with `sequence`, it is refused)
-    stack: str = "fixed"  # the stack profile every case starts from (`knobs.stacks`)
+    stack: str | None = None  # the stack profile every case starts from (`knobs.stacks`); None: the sequence
+    # file's own (a hunt's), else "fixed"; a file found on another stack refuses it
     spec_tokens: int | None = None  # None: the plan's own (K=0 and K=2 rows, each hazard's K); given: every case's
     block_size: int | None = None  # prefix caching's block size for every case (None: mode "none")
     sentinel: int = 0
     sequence: Path | None = None
+    baseline: bool = False  # the baseline rows only: no hazard planted
     trace: Path | None = None
     json: Path | None = None
     report: Path | None = None
@@ -93,7 +95,7 @@ def _refuse_ignored(c: RunConfig, comm_run: bool) -> Control:
     ctl = Control(c.control, tuple(c.patches))
     if comm_run and ctl.upstream:
         raise BadInput(f"--control {ctl.source}: island forced_comm has no control path (its ranks run the TP slice)")
-    check_control(ctl, c.stack, c.hazards, c.repairs, c.sentinel)
+    check_control(ctl, c.stack or "fixed", c.hazards, c.repairs, c.sentinel)
     ready(ctl)
     if c.force and not c.report:
         raise BadInput("--force: only with --report (it lets a report replace what repro wrote in DIR before)")
@@ -109,15 +111,31 @@ def _refuse_ignored(c: RunConfig, comm_run: bool) -> Control:
     if comm_run and c.mode:
         raise BadInput(f"--mode {c.mode}: island forced_comm has no capture mode to choose (its comm mode follows "
                        "the hazards and repairs)")
+    if c.baseline and (c.hazards or c.repairs or comm_run):
+        what = "--hazard" if c.hazards else "--repair" if c.repairs else "island forced_comm"
+        raise BadInput(f"--baseline: not with {what} (the baseline rows plant no hazard and apply no repair"
+                       + ("; forced_comm runs its own plan)" if comm_run else ")"))
     return ctl
+
+
+def _stack(c: RunConfig, recorded: str | None) -> str:
+    """The stack the cases start from: --stack, else the sequence file's own, else fixed. A file
+    records the stack it was found on (a hunt's result, a report's sequence.json) as it records its
+    spec_tokens and block size: replayed on another, the rules that made it fail are gone and the run
+    would call it clean. A fix is applied with --repair, on the file's stack."""
+    if c.stack and recorded and c.stack != recorded:
+        raise BadInput(f"--stack {c.stack}: --sequence {c.sequence} was found on stack {recorded} (the file gives the "
+                       "stack; leave --stack out, and apply a fix with --repair)")
+    return c.stack or recorded or "fixed"
 
 
 def run_command(c: RunConfig) -> int:
     """`repro run`: returns the exit code (0 clean, 1 divergence or missed hazard)."""
-    if c.island != "all":
+    if c.island not in ("all", "chain"):
         check_island(c.island)
     comm_run = c.tp > 1 or c.island == "forced_comm"
     ctl = _refuse_ignored(c, comm_run)
+    check_distinct([("--json", c.json), ("--trace", c.trace)], [("--report", c.report, REPORT_FILES)])
     check_output_file(c.json, "--json")
     check_output_file(c.trace, "--trace")
     report = check_report_dir(c.report, c.force, "--report") if c.report else None
@@ -132,10 +150,19 @@ def run_command(c: RunConfig) -> int:
     if c.tp != 1:
         raise BadInput(f"--tp {c.tp}: only island forced_comm runs on several ranks")
 
-    seq = Sequence.load(c.sequence) if c.sequence else None
+    seq, recorded = load_sequence(c.sequence) if c.sequence else (None, None)
+    stack = _stack(c, recorded)
+    if seq is not None:
+        if c.spec_tokens is not None and c.spec_tokens != seq.spec_tokens:
+            raise BadInput(f"--spec-tokens {c.spec_tokens}: --sequence {c.sequence} has spec_tokens {seq.spec_tokens} "
+                           "(the file gives the drafts; leave --spec-tokens out)")
+        if c.block_size is not None and c.block_size != seq.block_size:
+            raise BadInput(f"--block-size {c.block_size}: --sequence {c.sequence} has block_size {seq.block_size} "
+                           "(the file gives the block size; leave --block-size out)")
     provider = make_provider(c.device)
-    cases = plan(c.island, c.mode, c.hazards, c.repairs, provider.supports_streams, c.spec_tokens, c.stack,
-                 c.block_size, ctl)
+    # a sequence file gives every case its K: the plan's extra K rows would be copies of its own
+    cases = plan(c.island, c.mode, c.hazards, c.repairs, provider.supports_streams,
+                 seq.spec_tokens if seq is not None else c.spec_tokens, stack, c.block_size, ctl, baseline=c.baseline)
     if seq is None:
         check_block_size(c.block_size, max(case.spec_tokens for case in cases), ("--block-size", "--spec-tokens"))
     path = c.model or default_checkpoint(c.cache)
@@ -144,12 +171,6 @@ def run_command(c: RunConfig) -> int:
         print(f"repro: warning: {path}: {flag}", file=sys.stderr)
     if seq is not None:
         seq.check_fits(model.cfg.vocab_size, hz.options_for(c.hazards).sentinel(c.sentinel), f"--sequence {c.sequence}")
-        if c.spec_tokens is not None and c.spec_tokens != seq.spec_tokens:
-            raise BadInput(f"--spec-tokens {c.spec_tokens}: --sequence {c.sequence} has spec_tokens {seq.spec_tokens} "
-                           "(the file gives the drafts; leave --spec-tokens out)")
-        if c.block_size is not None and c.block_size != seq.block_size:
-            raise BadInput(f"--block-size {c.block_size}: --sequence {c.sequence} has block_size {seq.block_size} "
-                           "(the file gives the block size; leave --block-size out)")
         cases = [replace(k, spec_tokens=seq.spec_tokens, data_parallel=seq.data_parallel, block_size=seq.block_size)
                  for k in cases]
     sequences = {}  # (K, data_parallel) -> the seeded sequence of that shape
@@ -186,11 +207,11 @@ def run_command(c: RunConfig) -> int:
         lines.append(f"against the third copy, rounding used at most {v:.3g} of its bound ({k}, {r.case.island} "
                      f"{r.case.mode}{' ' + ','.join(r.case.hazards) if r.case.hazards else ''}); per tensor: --json")
     for line in lines:  # the table's width
-        emit("\n".join(textwrap.wrap(line, WIDTH, break_long_words=False, break_on_hyphens=False)))
+        emit("\n".join(wrap(line)))
     doc = {"command": c.command, "device": device_name(provider), "graph_provider": provider.name,
            "torch": torch.__version__, "checkpoint": str(path), "seed": None if c.sequence else c.seed or 0,
            "sentinel": c.sentinel, "layer": model.layer, "kernels": {op: registry.selected(op) for op in registry.ops()},
-           "plugins": registry.plugins(), "stack": c.stack, **control_json(ctl), "sequence": _seq(first, ctl),
+           "plugins": registry.plugins(), "stack": stack, **control_json(ctl), "sequence": _seq(first, ctl),
            "results": [_row(r, sequence_for(r.case), first, ctl) for r in results]}
     if c.json:
         write_json(c.json, doc)

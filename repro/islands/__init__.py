@@ -22,7 +22,7 @@ from .moe import MoEBlock, MoEIsland
 
 def check_island(name: str) -> str:
     if name not in ISLANDS:
-        raise BadInput(f"unknown island {name!r} (choose from {', '.join(ISLANDS)})")
+        raise BadInput(f"unknown island {name!r} (choose from all, chain, {', '.join(ISLANDS)})")
     return name
 
 

@@ -44,5 +44,5 @@ ISLANDS = ("submod0", "gdn_core", "submod1", "moe", "forced_comm")  # what `--is
 def kind(name: str) -> Kind:
     """The kind of island `name` ("chain" included); unknown names are bad input."""
     if name not in KINDS:
-        raise BadInput(f"unknown island {name!r} (choose from {', '.join(ISLANDS)})")
+        raise BadInput(f"unknown island {name!r} (choose from all, chain, {', '.join(ISLANDS)})")
     return KINDS[name]

@@ -15,7 +15,7 @@ from ..knobs import hazards as hz
 from ..knobs.control import Control, decided_by_vllm
 from ..control.dispatch import DEFAULT_SIZES, default_capture_sizes
 from ..knobs.modes import DEFAULT_MODES, mode_name
-from ..errors import BadInput
+from ..errors import BadInput, Refused
 from ..islands import Model, Runs, kind
 from ..lockstep import run_lockstep, run_moe_lockstep
 from ..check.reference_copy import ReferenceCopy, default_every, independent_copy
@@ -48,18 +48,34 @@ def sequence_needs(hazards, spec_tokens: int | None) -> tuple[int, bool]:
     return k, any(h.data_parallel for h in hs)
 
 
+def check_island_knobs(isl: str, mode: str, hazards, repairs, streams: bool, chosen: str | None = None) -> None:
+    """Refuse what island `isl` cannot show in `mode`: a hazard of another island, one that acts in a
+    piece the island runs eagerly, one whose graphs the mode lacks (named as the island's own mode
+    when the island has one), and (`chosen`: the --mode asked for) another mode than the one an
+    isolated island is checked in."""
+    k = kind(isl)
+    if chosen and k.mode and mode_name(chosen) != mode_name(k.mode):
+        raise Refused(f"--mode {mode_name(chosen)}: island {isl} is checked in {mode_name(k.mode)} mode only "
+                      "(leave --mode out, or run the chain in that mode: --island chain)")
+    if hazards or repairs:
+        where = f"island {isl}'s {mode_name(k.mode)} mode" if k.mode else None
+        hz.check(hazards, repairs, mode, streams, isl, k.eager, where)
+
+
 def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_tokens: int | None = None,
-         stack: str = "fixed", block_size: int | None = None, control: Control = Control()) -> list[Case]:
+         stack: str = "fixed", block_size: int | None = None, control: Control = Control(),
+         baseline: bool = False) -> list[Case]:
     """Explicit hazards/repairs -> one case per mode; none -> baseline plus every applicable hazard,
     and the chain's baseline again with K = DEFAULT_SPEC draft tokens a decode in each mode with a
-    FULL decode graph. `spec_tokens` given: every case runs at that K. Each hazard case runs the
-    sequence its hazard needs (`sequence_needs`); every case starts from `stack`'s rules. With a
-    `block_size` (prefix caching) every case runs with it and the default plan leaves out the rows
-    whose K is not below it (a block is wider than a decode's drafts: `check_block_size`). Under a vLLM
-    `control` every case runs vLLM's decisions, and the default plan leaves out the hazards whose
-    mechanism vLLM's code decides (`knobs.control.decided_by_vllm`: plant those with a patch). Under
-    a fused GDN core (`kernels.gdn.fused`) a hazard whose configuration it refuses
-    (`Hazard.fused_refused`) is expected to be refused, with its repairs."""
+    FULL decode graph (`baseline`: the baseline rows only). `spec_tokens` given: every case runs at
+    that K. Each hazard case runs the sequence its hazard needs (`sequence_needs`); every case starts
+    from `stack`'s rules. With a `block_size` (prefix caching) every case runs with it and the
+    default plan leaves out the rows whose K is not below it (a block is wider than a decode's
+    drafts: `check_block_size`). An island named alone is refused a mode or knob it cannot show
+    (`check_island_knobs`). Under a vLLM `control` every case runs vLLM's decisions, and the default
+    plan leaves out the hazards whose mechanism vLLM's code decides (`knobs.control.decided_by_vllm`:
+    plant those with a patch). Under a fused GDN core (`kernels.gdn.fused`) a hazard whose
+    configuration it refuses (`Hazard.fused_refused`) is expected to be refused, with its repairs."""
     whole = island in ("all", None)
     islands = (["chain"] if (hazards or repairs) else list(DEFAULT_ISLANDS)) if whole else [island]
     modes = [mode_name(mode)] if mode else list(DEFAULT_MODES)
@@ -77,8 +93,8 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
         if k.runs is Runs.RANKS:
             raise BadInput(f"{isl} needs ranks: use `repro run --island {isl} --tp N`")
         for m in [mode_name(k.mode)] if k.mode else modes:
+            check_island_knobs(isl, m, hazards, repairs, streams, None if whole else mode)
             if hazards or repairs:
-                hz.check(hazards, repairs, m, streams, "chain" if k.runs is Runs.CHAIN else isl)
                 cases.append(case(isl, m, hazards, repairs, hz.expectation(hazards, repairs)))
             else:
                 cases.append(Case(isl, m, spec_tokens=base_k, stack=stack, block_size=block_size, control=control))
@@ -87,6 +103,8 @@ def plan(island: str, mode: str | None, hazards, repairs, streams: bool, spec_to
     if spec_tokens is None and (block_size is None or block_size > DEFAULT_SPEC):
         cases += [Case("chain", m, spec_tokens=DEFAULT_SPEC, stack=stack, block_size=block_size, control=control)
                   for m in modes if m != "piecewise"]
+    if baseline:
+        return cases
     for m in modes:
         for h in hz.planted(m, streams):
             if control.upstream and decided_by_vllm(h.sets):

@@ -13,12 +13,12 @@ A case is anything with `island`, `mode`, `hazards`, `repairs` and `expect`: `Ca
 """
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass, field
 
 import torch
 
 from ..check.compare import KERNEL_FINDINGS, Divergence
+from ..io import text_width, wrap
 from ..knobs import hazards as hz
 from ..knobs.control import Control
 from ..knobs.hazards import FINDING_KINDS
@@ -194,7 +194,6 @@ def _where(d: Divergence) -> str:
     return d.where()
 
 
-WIDTH = 100  # the table and its notes fit a terminal this wide
 
 
 def _probes(r: CaseResult) -> list[str]:
@@ -216,7 +215,11 @@ def _notes_of(r: CaseResult) -> list[str]:
         k = r.kernel_findings.get(kind)
         if k is not None and k["first"] is not f:
             notes.append(f"{kind} x{k['count']}, the first: {_where(k['first'])}")
-    notes += [f"{x['kind']}: {x['detail']}" for x in r.findings if not (f is not None and x["kind"] == "race")]
+    found = [f"{x['kind']}: {x['detail']}" for x in r.findings if not (f is not None and x["kind"] == "race")]
+    if found and r.case.hazards and r.case.repairs and verdict(r) == "ok":  # what the repair answers, and it held
+        found = [f"{','.join(r.case.repairs)} held: replay equals eager in all {r.steps} steps, though capture "
+                 f"still shows what it answers ({'; '.join(found)})"]
+    notes += found
     if verdict(r) == "not triggered":
         notes.append(f"not triggered in {r.steps} steps: {needs(r.case.hazards, r.case.repairs)}; a longer "
                      "run (--steps) or `repro hunt` reaches it")
@@ -250,8 +253,7 @@ def _pack(parts: list[str], width: int) -> list[str]:
 
 
 def _wrap(text: str, label: str = "") -> list[str]:
-    return textwrap.wrap(text, WIDTH, initial_indent=label, subsequent_indent=" " * len(label),
-                         break_long_words=False, break_on_hyphens=False) or [label.rstrip()]
+    return wrap(text, label)
 
 
 def _case_cell(r: CaseResult, before: CaseResult | None) -> str:
@@ -267,7 +269,7 @@ def _case_cell(r: CaseResult, before: CaseResult | None) -> str:
 
 def format_table(results: list[CaseResult], run: dict | None = None) -> str:
     """One row a case (with its K draft tokens a decode), then the notes the rows refer to, numbered,
-    each printed whole once; all of it within WIDTH columns (a row's note numbers go on over more
+    each printed whole once; all of it within `io.text_width()` columns (a row's note numbers go on over more
     lines if they must). No timing: the replay/eager ratio of a lockstep step is mostly the
     checking's cost; `repro bench` times replay. `run`: a multi-rank run's JSON object; its table
     has a comm mode column and ends with the failure, if any, and the launch line (ranks, backend,
@@ -285,7 +287,7 @@ def format_table(results: list[CaseResult], run: dict | None = None) -> str:
     lines = []
     for row, ref in zip(rows, refs):
         cells = "  ".join(c.rjust(w) if i in (2, 4) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
-        numbers = _pack(ref, max(WIDTH - left, 8))
+        numbers = _pack(ref, max(text_width() - left, 8))
         lines.append((cells + "  " + numbers[0]).rstrip())
         lines += [" " * left + more for more in numbers[1:]]
     lines.insert(1, "  ".join("-" * w for w in widths) + "  -----")

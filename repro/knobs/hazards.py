@@ -83,6 +83,9 @@ class Hazard:
     # How its outcome under the fused GDN core differs from the CUDA kernels' ("": it does not, or no reason
     # is known); `docs/real-bugs.md` writes it beside the differing hunt.
     fused_note: str = ""
+    # The pieces it acts in, which must be graphs: an isolated island that runs one of them eagerly
+    # (`islands.kinds`: submod0 alone runs submod1 eagerly) cannot show it, so it is refused there.
+    pieces: tuple[str, ...] = ()
 
     def __post_init__(self):
         validate(self.sets)
@@ -110,16 +113,16 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
     Hazard("shared-pool-weakref", "graph 0's outputs are held by weak reference in the shared pool, so graph 1's "
            "capture places its tensors over them and a reader of graph 0's outputs sees them overwritten",
            ("private-pool", "clone-outputs"), {"runner.weak_first_output": True}, modes=("piecewise",),
-           cases="PyTorch #122192"),
+           cases="PyTorch #122192", pieces=("submod0", "submod1")),
     Hazard("output-alias", "graph 1 (reinplaced by a compiler) adds into graph 0's `residual` output in place",
            ("clone-outputs",), {"island.reinplace_residual": True}, modes=("piecewise",), replay_only=True,
-           cases="lab notes 2026-06-14i (graph-0 output alias)"),
+           cases="lab notes 2026-06-14i (graph-0 output alias)", pieces=("submod0", "submod1")),
     Hazard("fresh-alloc-split-op", "the eager splitting op returns a fresh tensor; graph 1 reads the captured address",
            ("copy-inputs",), {"island.fresh_core_out": True}, modes=("piecewise",), standalone=True,
-           record=True, cases="vLLM #37363, #37361, #37395, #53915"),
+           record=True, cases="vLLM #37363, #37361, #37395, #53915", pieces=("submod1",)),
     Hazard("frozen-python-state", "the MoE trims rows to the forward context's token count, a Python int the "
            "graph freezes at capture", ("recapture", "eager-family=moe"), {"island.trim_moe_to_context": True},
-           standalone=True, cases="PyTorch #114844, vLLM #51928", trigger="python-state"),
+           standalone=True, cases="PyTorch #114844, vLLM #51928", trigger="python-state", pieces=("submod1",)),
     Hazard("undeclared-mutation", "the GDN decode op writes ssm_state but its schema declares no mutation",
            ("declare",), {"island.undeclared_decode": True}, detected_as="finding",
            finding=UNDECLARED, cases="torch.library.opcheck", trigger="piecewise-decode"),
@@ -130,7 +133,8 @@ HAZARDS: dict[str, Hazard] = {h.name: h for h in [
            cases="lab: VLLM_XPU_SYNC_ASYNC_OUTPUT_COPY"),
     Hazard("escaped-capture", "submod0's z projection is issued on a stream the capture does not follow",
            ("capture-stream", "eager-family=submod0"), {"island.escape_z": True, "runner.relaxed_capture": True},
-           modes=("piecewise",), cases="PyTorch #196490, auto-round #2206", trigger="replay-again"),
+           modes=("piecewise",), cases="PyTorch #196490, auto-round #2206", trigger="replay-again",
+           pieces=("submod0",)),
     Hazard("shape-only-uniform-decode", "with k draft tokens a decode, a prefill chunk of exactly 1+k tokens is "
            "called a uniform decode by shape alone and replayed through the FULL decode graph, whose GDN buffers the "
            "builder stages only for decode batches: the replay reads capture-time or stale state indices, so the "
@@ -245,20 +249,26 @@ def reference_cadence(hazards=(), stack: str = "fixed") -> int | None:
                 and (h.name in hazards or departs & set(h.rules))), default=None)
 
 
-def check(hazards, repairs, mode: str, streams: bool, island: str = "chain") -> None:
+def check(hazards, repairs, mode: str, streams: bool, island: str = "chain", eager=frozenset(),
+          mode_from: str | None = None) -> None:
     """Refuse a knob that cannot apply to this island, mode or provider (`streams`: the provider
-    has device streams; the CPU tape has none)."""
+    has device streams; the CPU tape has none). `eager`: the pieces the island runs eagerly around
+    it (`islands.kinds`); `mode_from`: where the mode came from, for the message (default: --mode)."""
     for h in hazards:
         if h not in HAZARDS:
             raise Refused(f"unknown hazard {h!r} (known: {', '.join(HAZARDS)})")
         hz = HAZARDS[h]
-        if not needs_met(hz.modes, mode):
-            raise Refused(f"hazard {h} needs {' or '.join(hz.modes)} graphs, which --mode {mode} does not capture "
-                          f"({hz.mechanism})")
-        if hz.device_only and not streams:
-            raise Refused(f"hazard {h} needs streams: the CPU tape has none (use --device cuda or xpu)")
         if not hz.applies_to(island):
             raise Refused(f"hazard {h} applies to island {'/'.join(hz.islands)}, not {island}")
+        eagerly = [p for p in hz.pieces if p in eager]
+        if eagerly:
+            raise Refused(f"hazard {h} acts in {' and '.join(hz.pieces)} as graphs, and island {island} runs "
+                          f"{' and '.join(eagerly)} eagerly (use --island chain): {hz.mechanism}")
+        if not needs_met(hz.modes, mode):
+            raise Refused(f"hazard {h} needs {' or '.join(hz.modes)} graphs, which {mode_from or '--mode ' + mode} "
+                          f"does not capture ({hz.mechanism})")
+        if hz.device_only and not streams:
+            raise Refused(f"hazard {h} needs streams: the CPU tape has none (use --device cuda or xpu)")
     for r in repairs:
         if r not in REPAIRS:
             raise Refused(f"unknown repair {r!r} (known: {', '.join(REPAIRS)})")

@@ -7,6 +7,7 @@ from pathlib import Path
 from .checkpoint import Checkpoint, QTensor
 from .config import GDN
 from .quant import BF16, W8A8_INT8
+from ..io import wrap
 
 _ALWAYS_BF16 = ("mlp.gate.weight", "mlp.shared_expert_gate.weight")
 _SHORT = re.compile(r"^(linear_attn|self_attn|mlp)\.")
@@ -82,31 +83,37 @@ def _size(n: int) -> str:
 
 
 def format_inspect(d: dict) -> str:
-    """Plain-text table of `inspect`'s result."""
+    """Plain-text description of `inspect`'s result, wrapped at the terminal's width: a row a layer,
+    whose module list (the same for most layers) is a numbered note printed once below the table."""
     q = d["quantization"]
-    lines = [
-        f"checkpoint  {d['path']}",
-        f"model       {d['model_type']} ({'multimodal' if d['multimodal'] else 'text-only'}, prefix "
-        f"{d['prefix']}), {d['num_layers']} layers, hidden {d['hidden_size']}, {d['num_experts']} experts top-{d['top_k']}",
-        f"files       {len(d['files'])} ({_size(d['total_bytes'])} of text-model tensors; "
-        f"{d['ignored_tensors']} visual/mtp tensors ignored)",
-        f"quant       {q['description']}; modules: {q['modules'][W8A8_INT8]} W8A8 INT8, {q['modules'][BF16]} BF16",
-        "",
-    ]
-    rows = [("layer", "type", "layout", "bytes", "W8A8 INT8", "BF16")]
+    lines = []
+    for label, text in (
+            ("checkpoint", d["path"]),
+            ("model", f"{d['model_type']} ({'multimodal' if d['multimodal'] else 'text-only'}, prefix {d['prefix']}), "
+                      f"{d['num_layers']} layers, hidden {d['hidden_size']}, {d['num_experts']} experts top-{d['top_k']}"),
+            ("files", f"{len(d['files'])} ({_size(d['total_bytes'])} of text-model tensors; {d['ignored_tensors']} "
+                      "visual/mtp tensors ignored)"),
+            ("quant", f"{q['description']}; modules: {q['modules'][W8A8_INT8]} W8A8 INT8, {q['modules'][BF16]} BF16")):
+        lines += wrap(text, f"{label:<12}")
+    lines.append("")
+    notes: dict[str, int] = {}
+
+    def note(mods: dict) -> str:
+        quant = " ".join(k for k, v in mods.items() if v == W8A8_INT8) or "-"
+        rest = " ".join(k for k, v in mods.items() if v != W8A8_INT8) or "-"
+        return f"[{notes.setdefault(f'W8A8 INT8: {quant}; BF16: {rest}', len(notes) + 1)}]"
+    rows = [("layer", "type", "layout", "bytes", "modules")]
     for lay in d["layers"]:
-        mods = lay["modules"]
         layout = "/".join(v for v in (lay["layout"]["gdn"], lay["layout"]["experts"]) if v)
         rows.append((str(lay["index"]), "GDN" if lay["type"] == GDN else "full", layout, _size(lay["bytes"]),
-                     " ".join(k for k, v in mods.items() if v == W8A8_INT8) or "-",
-                     " ".join(k for k, v in mods.items() if v != W8A8_INT8) or "-"))
+                     note(lay["modules"])))
     h = d["head"]
-    rows.append(("head", "", "tied" if h["tied"] else "", _size(h["bytes"]),
-                 " ".join(k for k, v in h["modules"].items() if v == W8A8_INT8) or "-",
-                 " ".join(k for k, v in h["modules"].items() if v != W8A8_INT8) or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    for r in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r[:5], widths)) + "  " + r[5])
+    rows.append(("head", "", "tied" if h["tied"] else "", _size(h["bytes"]), note(h["modules"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+    lines.append("")
+    for text, n in notes.items():
+        lines += wrap(text, f"[{n}] ")
     lines.append("")
     n, w = len(d["problems"]), len(d.get("warnings", []))
     lines.append(f"problems: {n or 'none'}" + (f", warnings: {w}" if w else "") + (" (on stderr)" if n or w else ""))

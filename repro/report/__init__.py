@@ -28,6 +28,7 @@ from ..knobs.stacks import stack as what_stack
 from ..errors import BadInput
 from ..io import cache_dir, dumps, install_dir, prepare_output_dir, staging_dir
 from ..model.tiny import DEFAULT_NAME
+from .cases import blame_of
 from .envtext import environment_text
 from .load import check_layer, check_result, kernel_sentinel, load_result, pick, recorded_steps, steps_that_ran
 from .markdown import Facts, render_markdown
@@ -77,8 +78,8 @@ def _checkpoint(doc, cache=None) -> tuple[str, bool]:
 
 
 def _replay_command(doc, r, layer, sentinel, cache=None, stack: str = "fixed") -> tuple[str, list[str]]:
-    """(command, notes): `repro run` for exactly this case on its stack profile, with a placeholder
-    for a local checkpoint."""
+    """(command, notes): `repro run` for exactly this case (one row: its island, mode, hazards and
+    repairs, or `--baseline`) on its stack profile, with a placeholder for a local checkpoint."""
     cmd, notes = ["repro", "run"], []
     shown, default = _checkpoint(doc, cache)
     if doc.get("checkpoint") and not default:
@@ -86,9 +87,11 @@ def _replay_command(doc, r, layer, sentinel, cache=None, stack: str = "fixed") -
         notes.append(f"`CHECKPOINT`: your copy of the checkpoint ({shown} here)")
     prov = str(doc.get("graph_provider", ""))
     cmd += ["--device", "cuda" if prov == "cuda" else "xpu" if "xpu" in prov else "cpu"]
-    cmd += ["--island", "all" if r["island"] == "chain" else r["island"], "--mode", r["mode"]]
+    cmd += ["--island", r["island"], "--mode", r["mode"]]
     if stack != "fixed":
         cmd += ["--stack", stack]
+    if not r["hazards"] and not r["repairs"]:
+        cmd.append("--baseline")  # this case alone, not the hazard rows a run adds without --hazard
     for h in r["hazards"]:
         cmd += ["--hazard", h]
     for x in r["repairs"]:
@@ -124,8 +127,12 @@ def write_report(doc: dict, out_dir, *, command: str | None = None, result_path:
     stk = stack or doc["results"][idx].get("stack") or doc.get("stack") or "fixed"
     what_stack(stk)  # a result file naming an unknown profile is refused in one line
     r = {**doc["results"][idx], "stack": stk}
+    blame = blame_of(doc, idx, stk)
+    if blame:
+        r["blame"] = blame  # the rule a blind hunt named: the report's fix, citations and `--repair`
     ks = kernel_sentinel(r, sentinel)
     steps, seqj, source = steps_that_ran(doc, r, sentinel)
+    seqj = {**seqj, "stack": stk}  # sequence.json replays on the stack it failed on (`repro run --sequence`)
     notes: list[str] = []
     model = _model(doc, layer)
     if model is None:

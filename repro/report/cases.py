@@ -13,6 +13,7 @@ from ..search.blame import explain as explain_rules
 
 ISSUE_URLS = {
     "vLLM": "https://github.com/vllm-project/vllm/issues/{}",
+    "vLLM PR": "https://github.com/vllm-project/vllm/pull/{}",
     "PyTorch": "https://github.com/pytorch/pytorch/issues/{}",
     "torch-xpu-ops": "https://github.com/intel/torch-xpu-ops/issues/{}",
     "auto-round": "https://github.com/intel/auto-round/issues/{}",
@@ -35,6 +36,12 @@ CASE_NOTES = {
     ("PyTorch", "114844"): "Python-side state changed during capture is not replayed",
     ("torch-xpu-ops", "2992"): "XCCL capture needs oneCCL >= 2021.17.2",
     ("auto-round", "2206"): "a oneDNN matmul on a cached stream was never recorded: every replay returned zeros",
+    ("vLLM", "53051"): "with drafts, a prompt of 1+k tokens is called a uniform decode and replayed through the FULL "
+                       "graph, whose GDN buffers were not staged for it",
+    ("vLLM", "49918"): "the same dispatch of a prefill into the FULL decode graph",
+    ("vLLM PR", "53059"): "the fix: a batch is a uniform decode only when every request is past its prompt",
+    ("vLLM PR", "47123"): "a hybrid model's batch with a request in its prompt is never a uniform decode",
+    ("vLLM PR", "55123"): "the replay path asserts a FULL dispatch has no request in its prompt (a loud error)",
 }
 # Cited for a divergence with no planted hazard (the upstream bug itself), by provider.
 BASELINE_CASES = {
@@ -46,10 +53,11 @@ BASELINE_CASES = {
 
 def parse_cases(text: str) -> list[tuple[str, str, str | None]]:
     """'vLLM #35431, #39064, PyTorch #1' -> [(project, number, url)], as the hazard table cites them
-    (the `#` may be left out); free text ('vLLM PR #53059', 'lab notes ...') stays as is."""
+    (the `#` may be left out); 'vLLM PR #53059' -> ("vLLM PR", "53059", its pull request's url);
+    free text ('lab notes ...') stays as is."""
     out, project = [], None
     for part in [p.strip() for p in text.split(",") if p.strip()]:
-        m = re.fullmatch(r"(vLLM|PyTorch|torch-xpu-ops|auto-round)?\s*#?(\d+)", part)
+        m = re.fullmatch(r"(vLLM PR|vLLM|PyTorch|torch-xpu-ops|auto-round)?\s*#?(\d+)", part)
         if m and (m.group(1) or project):
             project = m.group(1) or project
             out.append((project, m.group(2), ISSUE_URLS[project].format(m.group(2))))
@@ -59,12 +67,44 @@ def parse_cases(text: str) -> list[tuple[str, str, str | None]]:
     return out
 
 
+def blame_of(doc: dict, idx: int, stack: str) -> dict | None:
+    """A blind hunt's blame (`search.blind`), when it speaks for result `idx` reported on `stack`:
+    the hunt's one result, on the stack it searched, with a rule named. None otherwise."""
+    b = doc.get("blame")
+    if not b or not b.get("rules") or "minimal_sequence" not in doc or idx != 0 or stack != doc.get("stack"):
+        return None
+    return b
+
+
+def fixes(r: dict) -> list[str]:
+    """The repairs that fix the rules a blind hunt blamed for result `r` (its `blame`): each repair of
+    a blamed record hazard that sets one of those rules, in the table's order (vLLM #53051's
+    `replay-assert` sets the guard beside the rule, not the rule: it turns the failure into a loud
+    error and is left out)."""
+    b = r.get("blame")
+    if not b:
+        return []
+    out = []
+    for h in b["hazards"]:
+        for name in hz.HAZARDS[h].repairs:
+            rules = {k.partition(".")[2] for k in hz.REPAIRS[name].sets if k.startswith("control.")}
+            if rules & set(b["rules"]) and name not in out:
+                out.append(name)
+    return out
+
+
 def cited(doc: dict, r: dict) -> list[str]:
-    """Markdown lines: the public cases of the planted hazards, or of a baseline divergence."""
+    """Markdown lines: the public cases of the planted hazards, of the rule a blind hunt blamed and
+    its fixes, or of a baseline divergence."""
     found = []
     for h in r["hazards"]:
         found += parse_cases(hz.HAZARDS[h].cases)
-    if not r["hazards"] and r["diverged"]:
+    if not r["hazards"] and r.get("blame"):
+        for h in r["blame"]["hazards"]:
+            found += parse_cases(hz.HAZARDS[h].cases)
+        for x in fixes(r):
+            found += parse_cases(hz.REPAIRS[x].cases)
+    elif not r["hazards"] and r["diverged"]:
         found += parse_cases(BASELINE_CASES.get(str(doc.get("graph_provider")), "PyTorch #122192, vLLM #51928"))
     lines = []
     for proj, num, url in found:
@@ -108,13 +148,19 @@ def explain(r: dict, fd: dict | None, sentinel: int) -> list[str]:
                    "the buffer graph 1 was captured with; the replayed graph 1 read the captured address, which "
                    f"holds stale bytes, so {fd.get('island')}.{fd.get('tensor')} row {fd.get('row')} differs.")
     if not r["hazards"]:
-        out.append(_unplanted(r.get("stack") or "fixed"))
+        out.append(_unplanted(r.get("stack") or "fixed", r.get("blame")))
     return out
 
 
-def _unplanted(stack: str) -> str:
-    """Where a divergence with no planted hazard comes from: the stack's control rules where it
-    departs from the fixed form, else the graph stack itself."""
+def _unplanted(stack: str, blame: dict | None = None) -> str:
+    """Where a divergence with no planted hazard comes from: the rule a blind hunt blamed, else the
+    stack's control rules where it departs from the fixed form, else the graph stack itself."""
+    if blame:
+        rules = " + ".join(f"`{x}`" for x in blame["rules"])
+        how = " ".join(f"{hz.HAZARDS[h].cases} (`{h}`): {hz.HAZARDS[h].mechanism}." for h in blame["hazards"])
+        return (f"No hazard was planted: the case ran under the `{stack}` stack's own control rules. The hunt reran "
+                f"the minimal sequence with each rule where `{stack}` departs from the fixed form set to its fixed "
+                f"form, and {rules} alone clears it ({blame.get('tried', '?')} reruns). {how}")
     departs = differs(stack_profile(stack).rules)
     if departs:
         cases = explain_rules(departs)[1]

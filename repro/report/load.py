@@ -11,6 +11,7 @@ from ..model.checkpoint import Checkpoint
 from ..model.config import GDN, ConfigError
 from ..job.results import Case
 from ..scheduler.sequence import Sequence
+from .schema import check_document
 
 
 def load_result(path) -> dict:
@@ -27,19 +28,7 @@ def check_result(doc, name: str = "the result") -> None:
     if any(isinstance(r, dict) and (r.get("island") == "forced_comm" or "comm_mode" in r) for r in doc["results"]):
         raise BadInput(f"{name} is a forced_comm (multi-rank) result: reports cover the single-rank islands only; "
                        "its rows (ranks_diverged, first_divergence) say what each rank saw")
-    for i, r in enumerate(doc["results"]):
-        missing = [k for k in ("island", "mode", "hazards", "repairs", "diverged", "first_divergence") if
-                   not isinstance(r, dict) or k not in r]
-        if missing:
-            raise BadInput(f"{name}: results[{i}] lacks {', '.join(missing)}")
-        unknown = [h for h in r["hazards"] if h not in hz.HAZARDS] + [x for x in r["repairs"] if x not in hz.REPAIRS]
-        if unknown:
-            raise BadInput(f"{name}: results[{i}] names {unknown[0]!r}, which this suite does not know")
-        fd = r["first_divergence"]
-        if r["diverged"] and not (isinstance(fd, dict) and "step" in fd):
-            raise BadInput(f"{name}: results[{i}] diverged but has no first_divergence.step")
-    if not isinstance(doc.get("minimal_sequence", doc.get("sequence")), dict):
-        raise BadInput(f"{name} has no request sequence (`sequence` or `minimal_sequence`)")
+    check_document(doc, name)  # field by field (`schema.py`), the rows before the sequence
 
 
 def _hand_written(hazards=None) -> str:

@@ -5,8 +5,10 @@ import time
 from dataclasses import dataclass, field
 
 from ..knobs import hazards as hz
-from ..knobs.stacks import STACKS
-from .cases import cited, explain
+from ..knobs.stacks import STACKS, differs
+from ..knobs.stacks import stack as stack_profile
+from ..search.blame import explain as explain_rules
+from .cases import cited, explain, fixes
 from .repairs import RepairRow
 from .script import SCRIPT, WEIGHTS, Standalone, default_repairs
 from ..env import environment as probe
@@ -49,6 +51,11 @@ class Facts:
     def planted(self) -> bool:
         return bool(self.r["hazards"])
 
+    @property
+    def blame(self) -> dict | None:
+        """The rule a blind hunt blamed for this result, when it speaks for it (`cases.blame_of`)."""
+        return self.r.get("blame")
+
 
 def _code(text: str, lang: str = "") -> str:
     return f"```{lang}\n{text}\n```"
@@ -65,6 +72,10 @@ def header(f: Facts) -> list[str]:
         mech = "; ".join(f"`{h}`: {hz.HAZARDS[h].mechanism}" for h in r["hazards"])
         L += [f"> Planted hazard. The suite planted {mech}. The divergence below is that mechanism caught in the "
               "act; the report shows how a serving stack runs into it and what clears it.", ""]
+    elif r["diverged"] and f.blame:
+        L += [f"> **No hazard planted: the `{f.stack}` stack's own control rules make replay differ from eager.** "
+              f"A blind hunt found it and named rule {_rules(f.blame)} ({_upstream(f.blame)}); its upstream fix "
+              f"clears it ({_fixes(f) or 'none the suite knows'}). This is the defect to report upstream.", ""]
     elif r["diverged"]:
         L += ["> **No hazard planted: replay differs from eager at baseline.** This is the defect to report "
               "upstream.", ""]
@@ -73,6 +84,8 @@ def header(f: Facts) -> list[str]:
           f"| hazard | {', '.join(f'`{h}`' for h in r['hazards']) or 'none (baseline)'} |",
           f"| repairs applied | {', '.join(f'`{x}`' for x in r['repairs']) or 'none'} |",
           f"| stack profile | `{f.stack}`: {STACKS[f.stack].what} |",
+          f"| draft tokens a decode (K) | {r.get('spec_tokens') or f.seqj.get('spec_tokens') or 0} |",
+          f"| block size (prefix caching) | {r.get('block_size') or f.seqj.get('block_size') or 'none'} |",
           f"| graph provider | `{doc.get('graph_provider', '?')}` on {doc.get('device', '?')} |",
           f"| torch | {doc.get('torch', '?')} |",
           f"| checkpoint | {f.checkpoint} (layer: {f.layer if f.layer is not None else 'the first GDN layer'}) |",
@@ -80,15 +93,27 @@ def header(f: Facts) -> list[str]:
           f"| outcome | {('diverged at step ' + str(fd['step'])) if fd else 'clean'} (expected "
           f"{'for this planted hazard' if f.planted else 'of a healthy stack'}: {r.get('expect', 'clean')}) |",
           f"| result | `{f.result_path or 'in memory'}`, results[{f.idx}] of {len(doc['results'])} |"]
-    b = doc.get("blame")
+    b = doc.get("blame") if doc.get("stack") == f.stack else None
     if b is not None:  # a blind hunt's: the rule whose fixed form clears it (`search/blame.py`)
-        named = " + ".join(f"`{x}`" for x in b.get("rules") or [])
-        said = (f"{named}: {b.get('upstream') or 'no hazard of the public record sets it'}" if named
+        said = (f"{_rules(b)}: {_upstream(b)}" + (f"; the fix: {_fixes(f)}" if _fixes(f) else "") if b.get("rules")
                 else "none of the profile explains it: a candidate upstream report")
         L.append(f"| rule at fault | {said} "
                  f"({b.get('tried', '?')} reruns of the minimal sequence, each rule where "
-                 f"`{doc.get('stack', f.stack)}` departs from the fixed form set to its fixed form) |")
+                 f"`{f.stack}` departs from the fixed form set to its fixed form) |")
     return L + [""]
+
+
+def _rules(b: dict) -> str:
+    return " + ".join(f"`{x}`" for x in b.get("rules") or [])
+
+
+def _upstream(b: dict) -> str:
+    return b.get("upstream") or "no hazard of the public record sets it"
+
+
+def _fixes(f: Facts) -> str:
+    """The fixes of the rule a blind hunt blamed, each with the upstream change it mirrors."""
+    return ", ".join(f"`{x}` ({hz.REPAIRS[x].cases})" if hz.REPAIRS[x].cases else f"`{x}`" for x in fixes(f.r))
 
 
 def environment(f: Facts) -> list[str]:
@@ -200,6 +225,12 @@ def first_divergence(f: Facts) -> list[str]:
 
 def repairs(f: Facts) -> list[str]:
     L = ["## Repairs", ""]
+    if f.blame and not f.planted:
+        L += [f"The hunt blamed rule {_rules(f.blame)} ({_upstream(f.blame)}). Its upstream fixes, each the rule's "
+              f"fixed form on the `{f.stack}` stack: {_fixes(f) or 'none the suite knows'}."
+              + (f" `python {SCRIPT} --repair` applies `{default_repairs(f.r)[0]}`; with the suite: `repro run "
+                 f"--island {f.r['island']} --mode {f.r['mode']} --repair {default_repairs(f.r)[0]} --sequence "
+                 "sequence.json`." if default_repairs(f.r) else ""), ""]
     if f.rows:
         L += ["| repair | clears it | replay µs/step with it | healthy run (no hazard) | cost (with / healthy) "
               "| measured |", "| --- | --- | --- | --- | --- | --- |"]
@@ -214,8 +245,8 @@ def repairs(f: Facts) -> list[str]:
         if any(row.cost for row in f.rows) and (f.doc.get("graph_provider") == "cpu-tape"
                                                 or any(row.source.startswith("run here") for row in f.rows)):
             L += ["", "Costs on the CPU tape measure the emulation, not a device: read them as relative, and rerun "
-                  "`repro run --device DEV --hazard H --repair R --sequence sequence.json` on the device for "
-                  "real numbers."]
+                  f"`repro run --device DEV{' --hazard H' if f.planted else ''} --repair R --sequence sequence.json` "
+                  "on the device for real numbers."]
     elif f.planted:
         L.append("No repair is known for this hazard.")
     elif not f.r["diverged"]:
@@ -225,12 +256,16 @@ def repairs(f: Facts) -> list[str]:
                            if any(k.startswith("runner.") for k in x.sets) and not x.device_only)
         stack = f.r.get("stack") or "fixed"
         if stack != "fixed":
-            L.append(f"The case ran under the `{stack}` stack's control rules. Every known fix "
-                     f"at once: `repro run --stack fixed --mode {f.r['mode']} --sequence sequence.json`; the rule "
-                     f"that clears it alone: `repro hunt --stack {stack}`.")
-            L.append("")
-        L.append(f"Nothing was planted, so there is no hazard-specific repair. On the device, try the runner-side "
-                 f"repairs ({runner}) with `repro run --device DEV --repair R --sequence sequence.json`.")
+            departs = differs(stack_profile(stack).rules)
+            named = [x for h in explain_rules(departs)[0] for x in hz.HAZARDS[h].repairs]
+            L.append(f"The case ran under the `{stack}` stack's control rules, which depart from the fixed form in "
+                     f"{', '.join(f'`{x}`' for x in departs)}. `repro hunt --stack {stack}` names the rule whose fixed "
+                     "form clears it alone; the fixes of those rules: "
+                     + (", ".join(f"`{x}`" for x in dict.fromkeys(named)) or "none the suite knows")
+                     + " (`repro run --repair R --sequence sequence.json`: the file keeps the stack).")
+        else:
+            L.append(f"Nothing was planted, so there is no hazard-specific repair. On the device, try the runner-side "
+                     f"repairs ({runner}) with `repro run --device DEV --repair R --sequence sequence.json`.")
     return L + [""]
 
 

@@ -12,6 +12,7 @@ from ..knobs import hazards as hz
 from ..errors import Refused
 from ..graphs import TapeProvider
 from ..job.cases import run_case
+from .cases import fixes
 from .load import rerun_case, rerun_sequence
 
 
@@ -75,10 +76,12 @@ def wanted_repairs(r: dict, have: list[RepairRow]) -> list[str]:
 
 
 def repair_rows(doc: dict, r: dict, steps, seqj, model, sentinel: int | None) -> list[RepairRow]:
-    """Repairs of the planted hazards: from the result file when it has them, else run here on the
-    CPU tape over the report's steps (with a healthy run beside them for the cost)."""
+    """Repairs of the planted hazards, or the fixes of the rule a blind hunt blamed (`cases.fixes`):
+    from the result file when it has them, else run here on the CPU tape over the report's steps
+    (with a healthy run beside them for the cost: no hazard and no repair, on the fixed stack for
+    a blamed rule, since the blamed stack's own run is the one that diverged)."""
     rows = _from_file(doc, r)
-    wanted = wanted_repairs(r, rows) if r["hazards"] else []
+    wanted = wanted_repairs(r, rows) if r["hazards"] else [x for x in fixes(r) if x not in r["repairs"]]
     if not wanted:
         return rows
     if model is None:
@@ -99,7 +102,8 @@ def repair_rows(doc: dict, r: dict, steps, seqj, model, sentinel: int | None) ->
             continue
         if healthy is None:
             # the same kernel sentinel as the hazard's run, so both address the same slots
-            healthy = run_case(model, provider, rerun_case(r, (), ()), seq,
+            fixed = r if r["hazards"] else {**r, "stack": "fixed"}
+            healthy = run_case(model, provider, rerun_case(fixed, (), ()), seq,
                                sentinel=hz.options_for(r["hazards"]).sentinel(sent))
         res = run_case(model, provider, rerun_case(r, repairs=repairs), seq, sentinel=sent)
         rows.append(RepairRow(rep, res.detected, res.replay_us, healthy.replay_us, "run here (cpu-tape, same steps)",

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..knobs import hazards as hz
 from .standalone.generate import GenerationError, render_script, script_options
+from .cases import fixes
 from .load import kernel_sentinel, standalone_gap
 from ..knobs.modes import Runtime, parse_mode
 from ..model.config import TINY
@@ -32,15 +33,16 @@ VERIFY_TIMEOUT = 600
 
 def default_repairs(r: dict) -> list[str]:
     """For `--repair` without a name: the first repair of each hazard the script rebuilds and the
-    mode allows."""
-    out = []
-    for h in r["hazards"]:
-        for name in hz.HAZARDS[h].repairs:
-            rep = hz.REPAIRS[name]
-            if rep.standalone and name not in r["repairs"] and not (rep.piecewise_only and full_decode(r["mode"])):
-                out.append(name)
-                break
-    return out
+    mode allows; with no hazard planted, the first such fix of the rule a blind hunt blamed
+    (`cases.fixes`: vLLM PR #53059's for vLLM #53051's `uniform_decode`)."""
+    def usable(name):
+        rep = hz.REPAIRS[name]
+        return (rep.standalone and rep.leaves == "clean" and name not in r["repairs"]
+                and not (rep.piecewise_only and full_decode(r["mode"])))
+    if not r["hazards"]:
+        return next(([name] for name in fixes(r) if usable(name)), [])
+    found = (next((name for name in hz.HAZARDS[h].repairs if usable(name)), None) for h in r["hazards"])
+    return [name for name in found if name is not None]
 
 
 def full_decode(mode: str) -> bool:

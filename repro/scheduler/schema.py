@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..errors import BadInput
+from ..knobs.stacks import STACKS
 from .config import SchedulerConfig
 from .prefix import ALIGN_BLOCKS, MAX_BLOCK_SIZE, check_block_size
 from .scheduler import MAX_SPEC_TOKENS
@@ -53,6 +54,12 @@ def _list(v, src: str) -> list:
     return v
 
 
+def check_stack(v, src: str) -> None:
+    """The stack profile a sequence was found on, if it names one: a profile this suite knows."""
+    if v is not None and (not isinstance(v, str) or v not in STACKS):
+        raise BadInput(f"{src}: {json.dumps(v)[:40]} is not a stack profile (known: {', '.join(STACKS)})")
+
+
 def check_json(d, source: str = "sequence") -> None:
     """Refuse, naming the field, any sequence object the scheduler or the runner could not replay
     faithfully: wrong types, missing or unknown keys, out-of-range slots and lengths, duplicate
@@ -62,10 +69,11 @@ def check_json(d, source: str = "sequence") -> None:
         raise BadInput(f"{source}: expected a JSON object with requests or steps, got {type(d).__name__}")
     known = {"requests", "num_slots", "max_tokens", "vocab", "seed", "steps", "max_steps", "spec_tokens",
              "data_parallel", "tail_dummies", "block_size", "max_num_scheduled_tokens", "long_prefill_token_threshold",
-             "async_scheduling", "dp_peers"}
+             "async_scheduling", "dp_peers", "stack"}
     extra = sorted(set(d) - known)
     if extra:
         raise BadInput(f"{source}: unknown key {extra[0]!r} (known: {', '.join(sorted(known))})")
+    check_stack(d.get("stack"), f"{source}: stack")
     _int(d.get("num_slots", 8), f"{source}: num_slots", 1, MAX_SLOTS)
     _int(d.get("max_tokens", 16), f"{source}: max_tokens", 1, 65536)
     _int(d.get("vocab", 512), f"{source}: vocab", 1)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from ..control.batch import OPTIONAL, StepBatch
 from ..errors import BadInput
 from ..io import read_json
-from .schema import check_json
+from .schema import check_json, check_stack
 from .prefix import ALIGN_BLOCKS
 from .steps import schedule
 
@@ -89,10 +89,7 @@ class Sequence:
     @classmethod
     def load(cls, path) -> "Sequence":
         """A `--sequence` file: a sequence object, or a `repro hunt` result holding one."""
-        d = read_json(path, "--sequence")  # one line for a missing, unreadable, non-JSON or too deep file
-        if isinstance(d, dict) and "minimal_sequence" in d:
-            d = d["minimal_sequence"]
-        return cls.from_json(d, f"--sequence {path}")
+        return load_sequence(path)[0]
 
     def check_fits(self, vocab: int, sentinel: int, source: str = "sequence") -> None:
         """What only the run knows: every token id must be a row of the model's embedding, and
@@ -124,6 +121,20 @@ class Sequence:
                               **{k: s[k] for k in OPTIONAL if k in s})
                     for s in self.steps]
         return schedule(self, usable_slots)[: self.max_steps]
+
+
+def load_sequence(path) -> tuple[Sequence, str | None]:
+    """A `--sequence` file and the stack profile it records (None: it names none). A hunt's result
+    holds its sequence as `minimal_sequence` and the stack it searched as `stack`; a sequence object
+    (a report's sequence.json) may say `stack` itself."""
+    d = read_json(path, "--sequence")  # one line for a missing, unreadable, non-JSON or too deep file
+    source = f"--sequence {path}"
+    stack = d.get("stack") if isinstance(d, dict) else None
+    if isinstance(d, dict) and "minimal_sequence" in d:
+        check_stack(stack, f"{source}: stack")
+        d = d["minimal_sequence"]
+        stack = stack or (d.get("stack") if isinstance(d, dict) else None)
+    return Sequence.from_json(d, source), stack
 
 
 def request_json(r: Request, always=()) -> dict:

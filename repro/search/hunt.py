@@ -16,8 +16,9 @@ import json
 import traceback
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import Flaky
 
@@ -32,8 +33,12 @@ DEFAULT_MAX_EXAMPLES = 60  # without --profile and without --max-examples
 
 
 def database(cache=None) -> DirectoryBasedExampleDatabase:
-    """The Hypothesis database under the cache (`cache`: `io.cache_dir`'s root)."""
-    return DirectoryBasedExampleDatabase(str(cache_dir(cache) / "hypothesis"))
+    """The Hypothesis database under the cache (`cache`: `io.cache_dir`'s root). Hypothesis's other
+    files (the `constants/` cache its local-constants draws keep, the `.gitignore` it writes beside)
+    go to the same folder: its home defaults to `.hypothesis` in the working directory."""
+    home = cache_dir(cache) / "hypothesis"
+    set_hypothesis_home_dir(home)
+    return DirectoryBasedExampleDatabase(str(home))
 
 
 def register_profiles(cache=None) -> None:
@@ -162,8 +167,12 @@ def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab
     else:
         drawn = drawn.map(lambda seq: (seq,))
 
+    database(cache)  # Hypothesis's home under the cache, whichever profile (ci has no database)
+    # quiet: the hunt prints its own minimal sequence; Hypothesis's reports (a falsifying example, or the
+    # `@seed(...)` a SIGINT would print on stdout) name a test function the user never wrote
     @settings(base, max_examples=budget.total, deadline=None, suppress_health_check=list(HealthCheck),
-              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink])
+              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink],
+              verbosity=Verbosity.quiet)
     @given(drawn)
     def prop(example):
         try:
