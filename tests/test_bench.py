@@ -312,10 +312,13 @@ def test_lockstep_rates_at_k_draft_tokens_beside_k0(model):
     assert keys == {("chain", 0, "device"), ("chain", 2, "device"), ("chain", 0, "reference"),
                     ("chain", 2, "reference"), ("submod0", 0, "device"), ("submod0", 0, "reference")}
     assert all(not c["diverged"] and c["steps"] == 12 for c in r["cases"])
-    ((island, mode, ratio),) = spec_ratios(r)
-    assert island == "chain" and mode == "full" and ratio > 0
+    ((island, mode, ratio, op_ratio),) = spec_ratios(r)
+    assert island == "chain" and mode == "full" and ratio > 0 and op_ratio > 0
+    k0, k2 = ({c["spec_tokens"]: c for c in r["cases"] if c["island"] == "chain" and c["check"] == "device"}[k]
+              for k in (0, 2))
+    assert op_ratio == round(k0["op_times"] / k2["op_times"], 3)  # K=0's op-times over K's: a speed ratio
     table = format_rates(r)
-    assert "full K=2" in table and "the device check at K=2 runs" in table
+    assert "full K=2" in table and "the device check at K=2 runs" in table and "x in small-op times" in table
 
 
 def test_cli_spec_tokens_needs_a_rate_that_uses_it(tiny_path, capsys):

@@ -18,22 +18,23 @@ class _Div:
 
 
 def _two_bugs(seq):
-    """A divergence on a sequence with a 3-token prompt; an IndexError where that prompt has company."""
+    """An IndexError where a prompt has 4 tokens or more; a divergence where one has 3. Shrinking the
+    crash's prompt meets the divergence."""
+    if any(r.prompt_len >= 4 for r in seq.requests):
+        raise IndexError("list index out of range")
     if any(r.prompt_len == 3 for r in seq.requests):
-        if len(seq.requests) > 1:
-            raise IndexError("list index out of range")
         return _Div()
     return None
 
 
 def test_each_distinct_failure_is_shrunk_and_returned(tmp_path):
-    """Shrinking the crash meets the divergence (one request fewer): Hypothesis shrinks both and
-    raises them together, and the hunt returns each with its own minimal sequence."""
+    """Shrinking the crash meets the divergence (a prompt one token shorter): Hypothesis shrinks both
+    and raises them together, and the hunt returns each with its own minimal sequence."""
     found = H.hunt(_two_bugs, max_examples=200, profile="ci", cache=tmp_path)
     kinds = {type(f.found).__name__: f for f in found}
     assert set(kinds) == {"Crash", "_Div"}, found
     crash, div = kinds["Crash"], kinds["_Div"]
-    assert len(crash.seq.requests) == 2 and 3 in [r.prompt_len for r in crash.seq.requests]
+    assert [r.prompt_len for r in crash.seq.requests] == [4]
     assert "IndexError" in crash.found.line() and "_two_bugs" in crash.found.line()
     assert [r.prompt_len for r in div.seq.requests] == [3]
 
@@ -71,7 +72,7 @@ def test_the_command_reports_both_and_saves_the_divergence_first(tiny_path, tmp_
     assert [r["prompt_len"] for r in doc["minimal_sequence"]["requests"]] == [3] and "crash" not in doc
     (other,) = doc["other_failures"]
     assert other["crash"].startswith("crash: IndexError") and other["results"] == []
-    assert len(other["minimal_sequence"]["requests"]) >= 2  # its own sequence, the 3-token prompt with company
+    assert [r["prompt_len"] for r in other["minimal_sequence"]["requests"]] == [4]  # its own sequence
 
 
 def test_a_hunt_that_finds_nothing_says_how_long_it_searched(tiny_path, tmp_path, capsys):

@@ -3,15 +3,17 @@ baseline replays equal to eager through FULL spec decodes and mixed batches, and
 vLLM #53051 finding reproduces in it at the suite's first divergence, under the stack it ran on."""
 import collections
 import json
+import types
 from itertools import product
 
 import numpy as np
 import pytest
 
 from repro.control import dispatch
+from repro.control.batch import StepBatch
 from repro.control.builder import draft_counts
-from repro.knobs.options import ControlRules
-from repro.knobs.modes import parse_mode
+from repro.knobs.options import ControlRules, UniformDecode
+from repro.knobs.modes import Runtime, parse_mode
 from repro.report import SCRIPT
 from tests.scripts import module, report, run_script, template_module
 
@@ -44,14 +46,45 @@ def test_the_templates_capture_sizes_and_draft_counts_are_the_suites():
             assert t.draft_counts(st, zero) == draft_counts(q, d, c, p, ControlRules(zero_draft_spec_row=zero)).tolist(), st
 
 
+def test_the_templates_dispatch_agrees_with_the_other_rank_as_the_suite_does():
+    """A step naming the other data-parallel rank's batch (`dp_peer`) dispatches in the script as the
+    mirror's `dispatch_step` does (`coordinate_batch_across_dp`: the lesser runtime at the larger
+    padded size), for every mode, K, own batch and peer drawn; a dummy step too."""
+    t = template_module("template_dp")
+    rng = np.random.default_rng(1)
+    name_of = {Runtime.NONE: None, Runtime.PIECEWISE: "piecewise", Runtime.FULL: "full"}
+    seen = collections.Counter()
+    for name, k in product(("piecewise", "full_decode_only", "full_and_piecewise"), range(4)):
+        sizes, q = dispatch.default_capture_sizes(4, 16, k), 1 + k
+        ours = dispatch.Dispatcher(parse_mode(name), sizes, k, 4)
+        runner = types.SimpleNamespace(k=k, sizes=t.capture_sizes(sizes, t.MODES[name][0] == "full", k), max_num_seqs=4,
+                                       opts={"control.uniform_decode": "shape"})
+        runner.decode, runner.mixed = t.MODES[name]
+        runner._key = types.MethodType(t.GraphRunner._key, runner)
+        for _ in range(150):
+            n = int(rng.integers(1, 5))
+            lens = [q] * n if rng.random() < 0.5 else rng.integers(1, q + 3, n).tolist()
+            peer = [[0, True], [q * int(rng.integers(1, 5)), True], [int(rng.integers(1, 24)), False]][rng.integers(3)]
+            dummy = rng.random() < 0.15
+            b = StepBatch([], [], [], [], [], dummy=True, dp_peer=peer) if dummy else StepBatch(
+                list(range(n)), list(range(1, n + 1)), lens, [True] * n, [1] * sum(lens), dp_peer=peer)
+            runtime, desc = dispatch.dispatch_step(ours, b, UniformDecode.SHAPE, k)
+            st = b.to_json() | ({"dummy": True} if dummy else {})
+            got = t.GraphRunner.dispatch(runner, st)
+            assert (got[0], got[1]) == (name_of[runtime], desc.num_tokens), (name, k, st, runtime, desc)
+            seen[(name_of[runtime], desc.num_tokens > b.num_tokens if not dummy else "dummy")] += 1
+    assert seen[("full", True)] and seen[("piecewise", True)] and seen[(None, False)], seen
+
+
 @pytest.mark.parametrize("mode, mixed_runtime", [("full_and_piecewise", "piecewise"), ("full_decode_only", None)])
 def test_a_k2_baseline_replays_equal_to_eager_through_full_spec_decodes_and_mixed_batches(mode, mixed_runtime,
                                                                                           tiny_path, tmp_path):
     """80 steps at K = 2: the script's runner replays FULL graphs of spec rows and runs batches that
     mix spec rows with prefills (PIECEWISE graphs, or eagerly where the mode has none), and replay
     equals eager at every step."""
+    island = "gdn_core" if mode == "full_and_piecewise" else "chain"  # gdn_core alone is checked in its mode only
     _, rep = report(tmp_path, ["--model", tiny_path, "--mode", mode, "--spec-tokens", "2",
-                               "--steps", "80", "--seed", "3", "--island", "gdn_core"])
+                               "--steps", "80", "--seed", "3", "--island", island])
     script = module(rep / SCRIPT, "script_k2")
     seen = collections.Counter()
     dispatch0, spec0 = script.GraphRunner.dispatch, script.MetadataBuilder._spec
@@ -108,4 +141,4 @@ def test_a_blind_53051_finding_reproduces_in_the_script_under_its_stack(stack, e
         assert (got["step"], got["island"], got["tensor"]) == (fd["step"], fd["island"], fd["tensor"])
         text = (rep / "REPORT.md").read_text()  # the report blames the stack's rules, not the graph stack
         assert "depart from the fixed form in `uniform_decode`" in text and "vLLM #53051" in text
-        assert "repro run --stack fixed --mode full_and_piecewise --sequence sequence.json" in text
+        assert "`repro run --repair R --sequence sequence.json`: the file keeps the stack" in text

@@ -209,11 +209,17 @@ def _mode_name(row: dict) -> str:
     return f"{row['mode']} K={k}" if k else row["mode"]
 
 
-def spec_ratios(r: dict) -> list[tuple[str, str, float]]:
-    """(island, mode, K>0 steady steps/s over K=0's) for each device-check case measured at both."""
-    dev = {(c["island"], c["mode"], c.get("spec_tokens") or 0): c["steady_steps_per_s"] for c in r["cases"]
+def spec_ratios(r: dict) -> list[tuple[str, str, float, float | None]]:
+    """(island, mode, K>0 steady steps/s over K=0's, the same in small-op times) for each device-check
+    case measured at both. The second is K=0's op-times over K's: a step's cost in the host's own
+    unit, so a host that speeds up or slows down between the two rows does not move it."""
+    dev = {(c["island"], c["mode"], c.get("spec_tokens") or 0): c for c in r["cases"]
            if c["check"] == "device" and c.get("steady_steps_per_s")}
-    return [(i, m, round(v / dev[(i, m, 0)], 3)) for (i, m, k), v in dev.items() if k and (i, m, 0) in dev]
+
+    def ops(a, b):
+        return round(b["op_times"] / a["op_times"], 3) if a.get("op_times") and b.get("op_times") else None
+    return [(i, m, round(c["steady_steps_per_s"] / dev[(i, m, 0)]["steady_steps_per_s"], 3), ops(c, dev[(i, m, 0)]))
+            for (i, m, k), c in dev.items() if k and (i, m, 0) in dev]
 
 
 def _check_cost(row: dict, cases: list) -> str:
@@ -249,9 +255,10 @@ def format_rates(r: dict) -> str:
     target = target_line(r)
     if target:
         lines.append(target)
-    for island, mode, ratio in spec_ratios(r):
+    for island, mode, ratio, op_ratio in spec_ratios(r):
         lines.append(f"{island} {mode}: the device check at K={max(c.get('spec_tokens') or 0 for c in r['cases'])} "
-                     f"runs {ratio:.2f}x the steady steps/s of K=0 (same run)")
+                     f"runs {ratio:.2f}x the steady steps/s of K=0 (same run)"
+                     + (f"; {op_ratio:.2f}x in small-op times (the host's drift removed)" if op_ratio else ""))
     if "hunt" in r:
         lines.append(f"hunt: {r['hunt']['examples_per_s']} examples/s ({r['hunt']['examples']} examples)")
     if r.get("host_us_per_op") is not None:

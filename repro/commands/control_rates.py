@@ -46,7 +46,7 @@ def control_rates(model: str, device: str, control: Control, examples: int = 20,
     out = {"control": control.label(), "mirror_stack": stack, "mirror_repairs": list(repairs), "spec_tokens": k}
     with tempfile.TemporaryDirectory(prefix="repro-control-rates-") as tmp:
         for name, cfg in (("vllm", HuntConfig(control=control.source, patches=control.patches,
-                                              save=str(Path(tmp) / "vllm.json"), **base)),
+                                              save=str(Path(tmp) / "upstream.json"), **base)),
                           ("mirror", HuntConfig(stack=stack, repairs=repairs, save=str(Path(tmp) / "mirror.json"),
                                                 **base))):
             stats, doc = one(cfg, quiet)

@@ -78,9 +78,9 @@ def blame_of(doc: dict, idx: int, stack: str) -> dict | None:
 
 def fixes(r: dict) -> list[str]:
     """The repairs that fix the rules a blind hunt blamed for result `r` (its `blame`): each repair of
-    a blamed record hazard that sets one of those rules, in the table's order (vLLM #53051's
-    `replay-assert` sets the guard beside the rule, not the rule: it turns the failure into a loud
-    error and is left out)."""
+    a blamed record hazard that sets one of those rules, in the table's order (a repair that sets only
+    the guard beside the rule, vLLM PR #55123's assertion, turns the failure into a loud error
+    instead of fixing it, and is left out)."""
     b = r.get("blame")
     if not b:
         return []

@@ -225,9 +225,6 @@ def make_standalone(folder: Path, doc, r, steps, seqj, model, sentinel, title, v
     recorded outcome at the recorded place; else the layer's tensors embedded beside it (when the
     checkpoint is here and small enough). "seed" / "embed" force one."""
     why = standalone_gap(r)
-    if not why and any(st.get("dp_peer") for st in steps):
-        why = ("its steps are agreed with another data-parallel rank's batch (`dp_peer`), a padding the generated "
-               "script does not rebuild")
     if why:
         return Standalone(False, why)
     fd = r["first_divergence"] if r["diverged"] else None
