@@ -124,6 +124,7 @@ class Budget:
             return None
         self._seen[key] = _ONCE
         self.spent += 1
+        div = None  # an interrupt (KeyboardInterrupt) leaves it unset: it passes through as it is
         try:
             div = self.check(seq, *more)
         except Exception:
