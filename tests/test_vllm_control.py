@@ -3,6 +3,8 @@ rebuilt steps decide as the mirror of its release does, the V2 runner's uniform 
 phase-aware rule, patches change vLLM only while applied, a FULL graph reads vLLM's own persistent
 buffers, and the resumed-recompute hole of vLLM PR #53059 shows through vLLM's code. Marked
 conformance: skipped, with the reason, where vLLM is not installed (`tox -e vllm033`)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -51,7 +53,10 @@ def test_vllms_v1_runner_decides_every_step_as_the_mirror_of_0_33_does(tiny_path
     steps, over vLLM's persistent batch, dispatcher and builder, against the mirror under the
     vllm-0.33-mrv1 profile: the same graph key at every step, the same metadata and staged buffers,
     and a FULL dummy step re-stages the same rows."""
-    seq = default_sequence(3 if dp else 0, 80, spec_tokens=k, block_size=block, data_parallel=dp)
+    # the other rank's batches left out: agreeing with them (`coordinate_batch_across_dp`) needs vLLM's
+    # data-parallel group, so they are the mirror's alone (`job.steps.case_steps` drops them under vLLM)
+    seq = replace(default_sequence(3 if dp else 0, 80, spec_tokens=k, block_size=block, data_parallel=dp),
+                  dp_peers=None)
     mirror = MirrorPaths(stack("vllm-0.33-mrv1").rules).graph(*_geometry(seq, k))
     with _paths("vllm", tiny_path, block) as paths:
         v1 = paths.graph(*_geometry(seq, k))

@@ -15,6 +15,10 @@ caching (its last cacheable position, shared-prefix junctions, same-step hits), 
 otherwise, and it has no rule per release: against another release only streams without a block
 size are compared (`ALIGN_RELEASE`).
 
+A stream with async scheduling is not compared: the mirror's one-step lag (`scheduler/config.py`)
+follows vLLM's `AsyncScheduler`, which is not driven here. A scheduled budget below the batch
+(`max_num_scheduled_tokens`) and the long-prefill threshold go into both schedulers' configs.
+
 Block ids themselves are not compared: vLLM's pool is shared with the attention layers' blocks and
 hands out the least recently freed, the mirror's holds state blocks only. Nor is the pool's size:
 vLLM runs with blocks enough that it never evicts a cached block or preempts for want of one
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from ..errors import BadInput
 from ..scheduler.scheduler import Scheduler
-from ..scheduler.steps import TICK_LIMIT
+from ..scheduler.steps import TICK_LIMIT, scheduler_config
 from ..scheduler.tokens import draft, token
 from ..upstream.schedule import VllmScheduler
 from .result import RuleResult
@@ -97,14 +101,17 @@ def describe(seq) -> str:
                      + (f", first {r.prefix_len} of {r.prefix_of}" if r.prefix_of is not None and r.prefix_len else "")
                      for r in seq.requests)
     block = f", block {seq.block_size}" if seq.block_size else ""
-    return f"K={seq.spec_tokens}{block}, budget {seq.max_tokens}, {seq.num_slots} slots, dp {seq.data_parallel} [{reqs}]"
+    more = (f", scheduled budget {seq.max_num_scheduled_tokens}" if seq.max_num_scheduled_tokens else "") + (
+        f", long-prefill threshold {seq.long_prefill_token_threshold}" if seq.long_prefill_token_threshold else "")
+    return (f"K={seq.spec_tokens}{block}, budget {seq.max_tokens}{more}, {seq.num_slots} slots, dp {seq.data_parallel} "
+            f"[{reqs}]")
 
 
 def mirror_batches(seq, blocks: int = AMPLE) -> list:
     """The mirror's steps of `seq` with a block size and a pool of `blocks` state blocks (the
     driver of `repro.scheduler.steps.schedule`, whose pool is the sequence's own)."""
     sched = Scheduler(seq.max_tokens, range(1, 1 + blocks), seq.spec_tokens, seq.vocab, seq.seed, seq.data_parallel,
-                      seq.block_size, seq.num_slots, 0)
+                      seq.block_size, seq.num_slots, 0, scheduler_config(seq))
     for r in sorted(seq.requests, key=lambda r: (r.arrive, r.rid)):
         sched.add(r.rid, r.prompt_len, r.decode_steps, r.arrive, r.preempt_after, r.accept, r.prefix_of, r.prefix_len)
     limit = TICK_LIMIT + max((r.arrive for r in seq.requests), default=0)
@@ -152,6 +159,8 @@ def run(up, seqs, rules=None, cache=None) -> list[RuleResult]:
     control rules, the scheduler does not read; `cache` holds the embedded checkpoint."""
     out = results()
     for seq in seqs:
+        if seq.async_scheduling:
+            continue  # the AsyncScheduler's one-step lag is not driven through vLLM (module docstring)
         if seq.block_size is None or up.version == ALIGN_RELEASE:
             compare_sequence(up, seq, out, cache)
     return list(out.values())

@@ -22,6 +22,8 @@ class Case:
     sizes: tuple[int, ...] | None = None  # `cudagraph_capture_sizes`; None: vLLM's default list
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 64  # the step's token budget
+    max_num_scheduled_tokens: int | None = None  # a scheduled budget below it (None: the batch's)
+    long_prefill_token_threshold: int = 0  # a prompt chunk's cap beside other requests (0: none)
     block_size: int | None = None  # None: mamba_cache_mode "none"; else "align" with this block size
     checkpoint: Path | None = None  # a `repro make-tiny` folder; None: the embedded tiny checkpoint
     max_model_len: int = 4096

@@ -45,6 +45,8 @@ def vllm_config(up, case: Case):
         model_config=model_config(up, case), cache_config=c.CacheConfig(**cache),
         scheduler_config=c.SchedulerConfig(max_num_seqs=case.max_num_seqs,
                                            max_num_batched_tokens=case.max_num_batched_tokens,
+                                           max_num_scheduled_tokens=case.max_num_scheduled_tokens,
+                                           long_prefill_token_threshold=case.long_prefill_token_threshold,
                                            max_model_len=case.max_model_len, is_encoder_decoder=False),
         compilation_config=c.CompilationConfig(cudagraph_mode=case.graph_mode.name, **sizes),
         speculative_config=spec)

@@ -69,8 +69,13 @@ class VllmScheduler:
                  cache=None):
         self.up, self.seq, self.token, self.draft = up, seq, token, draft
         self.k = seq.spec_tokens
+        if seq.async_scheduling:
+            raise BadInput("async scheduling: vLLM's AsyncScheduler (its one-step lag) is not driven here; its "
+                           "streams run on the mirror's scheduler only")
         self.case = Case(mode=mode, spec_tokens=self.k, max_num_seqs=seq.num_slots,
-                         max_num_batched_tokens=seq.max_tokens, block_size=seq.block_size, cache=cache)
+                         max_num_batched_tokens=seq.max_tokens, block_size=seq.block_size, cache=cache,
+                         max_num_scheduled_tokens=seq.max_num_scheduled_tokens,
+                         long_prefill_token_threshold=seq.long_prefill_token_threshold)
         self.cfg = vllm_config(up, self.case)
         self.num_blocks = num_blocks or ample_blocks(seq, self.cfg)
         self.sched, self.hasher = scheduler(up, self.cfg, self.num_blocks)
