@@ -200,7 +200,6 @@ LONG_UNITS = {
     "repro/model/tiny.py:make_tiny": "not yet split",
     "repro/comm/rank.py:_run_case": "not yet split",
     "repro/comm/supervisor.py:run_forced_comm": "not yet split",
-    "repro/commands/hunt.py:run_hunt": "not yet split",
     "repro/scheduler/scheduler.py:Scheduler": "not yet split",
     "repro/scheduler/scheduler.py:Scheduler.step": "not yet split",
     "repro/scheduler/scheduler.py:Scheduler._emit": "not yet split",
