@@ -196,7 +196,6 @@ LONG_UNITS = {
     "repro/report/standalone/vllm_decisions.py:main": "a standalone script, read top to bottom",
     "repro/search/machine.py:lockstep_machine": "not yet split",
     "repro/search/machine.py:lockstep_machine.LockstepMachine": "not yet split",
-    "repro/model/tiny.py:make_tiny": "not yet split",
     "repro/scheduler/scheduler.py:Scheduler": "not yet split",
     "repro/scheduler/scheduler.py:Scheduler.step": "not yet split",
     "repro/scheduler/scheduler.py:Scheduler._emit": "not yet split",
