@@ -197,8 +197,6 @@ LONG_UNITS = {
     "repro/search/machine.py:lockstep_machine": "not yet split",
     "repro/search/machine.py:lockstep_machine.LockstepMachine": "not yet split",
     "repro/scheduler/scheduler.py:Scheduler": "not yet split",
-    "repro/scheduler/scheduler.py:Scheduler.step": "not yet split",
-    "repro/scheduler/scheduler.py:Scheduler._emit": "not yet split",
     "repro/capture/runner.py:GraphRunner": "not yet split",
     "repro/lockstep/lockstep.py:Lockstep": "not yet split",
     "repro/control/batch.py:StepBatch": "not yet split",
