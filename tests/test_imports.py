@@ -202,7 +202,6 @@ LONG_UNITS = {
     "repro/scheduler/scheduler.py:Scheduler": "not yet split",
     "repro/capture/runner.py:GraphRunner": "not yet split",
     "repro/lockstep/lockstep.py:Lockstep": "not yet split",
-    "repro/control/batch.py:StepBatch": "not yet split",
 }
 
 
