@@ -160,3 +160,63 @@ def test_only_the_command_line_imports_inside_functions():
                     if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("repro")):
                         found.append(f"{p.relative_to(ROOT)}:{node.lineno}")
     assert not found, found
+
+
+MAX_FUNCTION_LINES, MAX_CLASS_METHODS = 60, 15
+
+
+def oversized(source: str, prefix: str) -> dict[str, int]:
+    """`prefix:qualified.name` -> size for each unit of one module over its limit: a function over
+    MAX_FUNCTION_LINES lines (decorators aside), a class with over MAX_CLASS_METHODS methods of its own;
+    nested units are measured too, each where it is."""
+    found = {}
+
+    def visit(node, names):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if isinstance(child, ast.ClassDef):
+                    size = sum(isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef)) for c in child.body)
+                    limit = MAX_CLASS_METHODS
+                else:
+                    size, limit = child.end_lineno - child.lineno + 1, MAX_FUNCTION_LINES
+                if size > limit:
+                    found[f"{prefix}:{'.'.join(names + [child.name])}"] = size
+                visit(child, names + [child.name])
+            else:
+                visit(child, names)
+    visit(ast.parse(source), [])
+    return found
+
+
+# The units still over the limits, each with why it stays whole. The list only shrinks: an entry
+# that is split (or gone) fails the test below until it is taken off.
+LONG_UNITS = {
+    # the generated script an upstream reviewer runs alone: its main makes vLLM's calls for a step in
+    # the order the runner makes them, read top to bottom beside vLLM's source
+    "repro/report/standalone/vllm_decisions.py:main": "a standalone script, read top to bottom",
+    # not yet split: a derandomised run of the machine is seeded from its class's source (Hypothesis'
+    # `run_state_machine_as_test` digests the class), so any split moves the examples the bounded
+    # searches of tests/test_machine.py draw: split it with those bounds checked again
+    "repro/search/machine.py:lockstep_machine": "not yet split (its source seeds the search)",
+    "repro/search/machine.py:lockstep_machine.LockstepMachine": "not yet split (its source seeds the search)",
+    "repro/scheduler/scheduler.py:Scheduler": "not yet split",
+    "repro/capture/runner.py:GraphRunner": "not yet split",
+    "repro/lockstep/lockstep.py:Lockstep": "not yet split",
+}
+
+
+def test_the_unit_checker_measures_functions_and_classes():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES - 1))
+    methods = "\n".join(f"    def m{i}(self): pass" for i in range(MAX_CLASS_METHODS + 1))
+    source = f"def fits():\n{body}\n\ndef long():\n{body}\n    return x0\n\nclass C:\n{methods}\n"
+    assert oversized(source, "m.py") == {"m.py:long": MAX_FUNCTION_LINES + 1, "m.py:C": MAX_CLASS_METHODS + 1}
+
+
+def test_no_function_over_60_lines_nor_class_over_15_methods():
+    """Outside the tests, a unit a reader holds in mind: split where its phases already are."""
+    found = {}
+    for pkg in ("repro", "kernels"):
+        for p in sorted((ROOT / pkg).rglob("*.py")):
+            found.update(oversized(p.read_text(), str(p.relative_to(ROOT))))
+    assert sorted(set(found) - set(LONG_UNITS)) == [], {n: found[n] for n in set(found) - set(LONG_UNITS)}
+    assert sorted(set(LONG_UNITS) - set(found)) == [], "split or gone: take these off LONG_UNITS"

@@ -89,6 +89,16 @@ def prefill_group(L, out, rows: int, ntok: int, has_init, qsl, glob: list[int], 
         refuse("prefills without has_initial_state: the XE2 chunk kernel reads has_initial_state[row] through a "
                "null pointer")
     has = [bool(h) for h in has_init.tolist()]
+    ys, last = _conv_launch(L, rows, ntok, has, starts, glob, index, refuse)
+    _update_states_launch(L, rows, starts, index, last, refuse)
+    _recurrence_launch(L, out, rows, ntok, has, starts, glob, index, ys, refuse)
+
+
+def _conv_launch(L, rows: int, ntok: int, has: list[bool], starts: list[int], glob: list[int], index: list[int],
+                 refuse) -> tuple[dict, dict]:
+    """The conv kernel over every token: ({token: its conv output}, {row: the conv window its last token
+    leaves, for `chunk_update_states_kernel`}); one-token rows (and a token past every row's end)
+    write their window in place."""
     conv, K = Launch(L.conv, "chunk_causal_conv1d_xe2", L.null, refuse), L.K
     ys, last = {}, {}
     for t in range(ntok):
@@ -110,6 +120,11 @@ def prefill_group(L, out, rows: int, ntok: int, has_init, qsl, glob: list[int], 
         else:  # a one-token row, or a token past every row's end: in place
             conv.write(index[row], seq[:, 1:], who, columns=K - 1)
     conv.commit()
+    return ys, last
+
+
+def _update_states_launch(L, rows: int, starts: list[int], index: list[int], last: dict, refuse) -> None:
+    """`chunk_update_states_kernel`: every row longer than one token writes its last conv window."""
     update = Launch(L.conv, "chunk_update_states_kernel", L.null, refuse)
     for row in range(rows):
         length = starts[row + 1] - starts[row]
@@ -118,8 +133,14 @@ def prefill_group(L, out, rows: int, ntok: int, has_init, qsl, glob: list[int], 
         if length == 0 or index[row] == PAD:
             refuse(f"row {row} ({length} tokens, block {index[row]}): chunk_update_states_kernel writes a buffer the "
                    "conv launch never filled for it into its block, unchecked: unknown")
-        update.write(index[row], last[row], f"row {row}", columns=K - 1)
+        update.write(index[row], last[row], f"row {row}", columns=L.K - 1)
     update.commit()
+
+
+def _recurrence_launch(L, out, rows: int, ntok: int, has: list[bool], starts: list[int], glob: list[int],
+                       index: list[int], ys: dict, refuse) -> None:
+    """The XE2 chunked gated delta rule over every row: outputs into `out`, the final state into the row's
+    block."""
     rec = Launch(L.ssm, "chunk_gated_delta_rule_xe2", L.null, refuse)
     Hk, dk, Hv, dv = L.dims
     for row in range(rows):

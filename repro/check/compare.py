@@ -198,36 +198,50 @@ def summaries(pairs: dict, stacked: bool | None = None) -> dict:
         return out
     if stacked is None:
         stacked = pairs[keys[0]][0].device.type != "cpu"
-    fast = [k for k in keys if stacked and pairs[k][0].dtype in WIDENED and pairs[k][0].numel()]  # max: not of none
-    rest = [k for k in keys if k not in fast]
     if stacked:
-        parts = []
-        if fast:
-            a = [pairs[k][0].float() for k in fast]
-            b = [pairs[k][1].float() for k in fast]
-            parts += [torch.stack(torch._foreach_norm(x, p)) for x, p in ((a, 1), (b, 1), (a, float("inf")))]
-            parts.append(torch.stack(torch._foreach_norm(torch._foreach_sub(a, b), float("inf"))))
-        if rest:
-            parts.append(torch.stack([same_mask(*pairs[k]).all() for k in rest]).float())
-        v = torch.cat(parts).tolist()
-        n = len(fast)
-        eq = v[4 * n:]
-        for i, k in enumerate(fast):
-            sum_a, sum_b, mag, d = v[i], v[n + i], v[2 * n + i], v[3 * n + i]
-            if math.isfinite(sum_a) and math.isfinite(sum_b):
-                out[k] = Summary(True) if d == 0 else Summary(False, True, max_abs=d, magnitude=mag)
-            else:
-                rest.append(k)
-                eq.append(None)  # not known: read with the statistics
+        rest, eq = _stacked_read(pairs, keys, out)
     else:
-        eq = [same(*pairs[k]) for k in rest]
+        rest, eq = keys, [same(*pairs[k]) for k in keys]
     floats = []
     for k, e in zip(rest, eq):
         out[k] = Summary(bool(e))
         if not e and pairs[k][0].is_floating_point():
             floats.append(k)
-    if not floats:
-        return out
+    if floats:
+        out.update(_float_read(pairs, floats))
+    return out
+
+
+def _stacked_read(pairs: dict, keys: list, out: dict) -> tuple[list, list]:
+    """The first transfer of `summaries(stacked=True)`: the four statistics of the `WIDENED` pairs
+    (their Summary put in `out` where both sums are finite) and `same` of the other pairs. Returns the
+    keys still to read and what `same` said of each (None: not known, read with the statistics)."""
+    fast = [k for k in keys if pairs[k][0].dtype in WIDENED and pairs[k][0].numel()]  # max: not of none
+    rest = [k for k in keys if k not in fast]
+    parts = []
+    if fast:
+        a = [pairs[k][0].float() for k in fast]
+        b = [pairs[k][1].float() for k in fast]
+        parts += [torch.stack(torch._foreach_norm(x, p)) for x, p in ((a, 1), (b, 1), (a, float("inf")))]
+        parts.append(torch.stack(torch._foreach_norm(torch._foreach_sub(a, b), float("inf"))))
+    if rest:
+        parts.append(torch.stack([same_mask(*pairs[k]).all() for k in rest]).float())
+    v = torch.cat(parts).tolist()
+    n = len(fast)
+    eq = v[4 * n:]
+    for i, k in enumerate(fast):
+        sum_a, sum_b, mag, d = v[i], v[n + i], v[2 * n + i], v[3 * n + i]
+        if math.isfinite(sum_a) and math.isfinite(sum_b):
+            out[k] = Summary(True) if d == 0 else Summary(False, True, max_abs=d, magnitude=mag)
+        else:
+            rest.append(k)
+            eq.append(None)  # not known: read with the statistics
+    return rest, eq
+
+
+def _float_read(pairs: dict, floats: list) -> dict:
+    """{key: Summary} of the float pairs found not `same`, in one transfer: which side holds a
+    non-finite value, max|a - b| over the finite elements and max|a| over the finite ones."""
     rows = []
     for k in floats:
         a, b = pairs[k]
@@ -238,9 +252,8 @@ def summaries(pairs: dict, stacked: bool | None = None) -> dict:
         s = same_mask(a, b)
         rows.append(torch.stack([s.all().float(), (~fa & fb).any().float(), (fa & ~fb).any().float(),
                                  (~fa & ~fb & ~s).any().float(), d.max(), m.max()]))
-    for k, (e, oa, ob, both, d, m) in zip(floats, torch.stack(rows).tolist()):
-        out[k] = Summary(True) if e else Summary(False, True, bool(oa), bool(ob), bool(both), d, m)
-    return out
+    return {k: Summary(True) if e else Summary(False, True, bool(oa), bool(ob), bool(both), d, m)
+            for k, (e, oa, ob, both, d, m) in zip(floats, torch.stack(rows).tolist())}
 
 
 def first_row(a: torch.Tensor, b: torch.Tensor) -> int:

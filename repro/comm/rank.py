@@ -153,66 +153,34 @@ def _diff(index: int, step: int, tensor: str, rank: int, eager: torch.Tensor,
 def _run_case(rank, ci, case: CommCase, weights, provider, group, control, spec, progress) -> dict:
     import torch.distributed as dist
 
-
-    tp, dev = spec["tp"], weights.embed.device
-    dtype = resolve_comm_dtype(spec["comm_dtype"], tp)
-    mode = case.mode
-    opts = hz.options_for(case.hazards, case.repairs).comm
-    eager = ForcedComm(weights, Communicator(group, dtype), "in-graph", max_tokens=spec["max_tokens"])
-    replay = ForcedComm.build(None, tp_rank=rank, tp_size=tp, group=group, mode=mode, comm_dtype=spec["comm_dtype"],
-                              clone_input=opts.clone_input, max_tokens=spec["max_tokens"],
-                              weights=weights, noop_capture=opts.noop_capture)
-    runner = SliceRunner(replay, provider, spec["sizes"], spec["max_tokens"])
+    eager, runner, opts = _copies(rank, case, weights, provider, group, spec)
     probe = opts.eager_after_replay
-    pipelined = mode == "registered"  # step k's collective overlaps step k+1's piece
-    kill = spec["kill"]
-    hidden = weights.embed.shape[1]
+    pipelined = case.mode == "registered"  # step k's collective overlaps step k+1's piece
+    hidden, dev = weights.embed.shape[1], weights.embed.device
     div = None
-    done = timed = captured = 0
-    t_eager = t_replay = 0.0
+    done = 0
+    clock = _SteadyClock()
     pending = None  # (index, step, eager output, handle) of the step whose collective is in flight
     flag = torch.zeros(1, dtype=torch.int32)
-
-    def sync():
-        provider.synchronize()
 
     try:
         with torch.inference_mode():
             for k, (step, ids) in enumerate(spec["batches"]):
                 progress.mark(case=ci, index=k, step=step, phase="eager")
-                if kill is not None and ci == 0 and kill[0] == rank and kill[1] == k:
-                    progress.mark(phase=kill[2])
-                    if kill[2] == "kill":
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    while True:
-                        time.sleep(3600)
+                if spec["kill"] is not None and ci == 0:
+                    _fail_if_told(spec["kill"], rank, k, progress)
                 t0 = time.perf_counter()
                 e = eager(input_ids=torch.tensor(ids, dtype=torch.long, device=dev))["out"]
-                sync()
+                provider.synchronize()
                 t1 = time.perf_counter()
                 progress.mark(phase="replay")
-                handle = runner.launch(ids)
-                found = None
-                if pipelined:
-                    if pending is not None:
-                        pk, pstep, pe, ph = pending
-                        found = _diff(pk, pstep, "out", rank, pe, ph.wait())
-                    pending = (k, step, e, handle)
-                    sync()
-                else:
-                    r = handle.wait()
-                    sync()
-                    found = _diff(k, step, "out", rank, e, r)
+                found, pending = _replay(runner, provider, rank, k, step, ids, e, pending if pipelined else False)
                 t2 = time.perf_counter()
                 if probe:  # every rank, every step: it is a collective
                     progress.mark(phase="eager all-reduce after replay")
                     got, want = eager_all_reduce_probe(group, step, hidden, dev)
                     found = found if found is not None else _diff(k, step, "eager_all_reduce", rank, want, got)
-                if runner.captures == captured:  # steady state: steps that captured are not timed
-                    t_eager += t1 - t0
-                    t_replay += t2 - t1
-                    timed += 1
-                captured = runner.captures
+                clock.add(runner.captures, t1 - t0, t2 - t1)
                 done = k + 1
                 progress.mark(phase="compare")
                 flag.fill_(0 if found is None else 1)
@@ -221,16 +189,72 @@ def _run_case(rank, ci, case: CommCase, weights, provider, group, control, spec,
                 if int(flag.item()):
                     break
             else:
-                if pending is not None:
+                if pending:
                     pk, pstep, pe, ph = pending
                     div = _diff(pk, pstep, "out", rank, pe, ph.wait())
-                    sync()
+                    provider.synchronize()
     finally:
         captures, replays = runner.captures, runner.replays
         in_graph = runner.collectives_in_graphs()
         runner.release()
-    n = max(timed, 1)
-    return {"rank": rank, "steps": done, "first_divergence": div, "eager_us": t_eager / n * 1e6,
-            "replay_us": t_replay / n * 1e6, "captures": captures, "replays": replays,
+    return {"rank": rank, "steps": done, "first_divergence": div, "eager_us": clock.mean_us(clock.eager),
+            "replay_us": clock.mean_us(clock.replay), "captures": captures, "replays": replays,
             "collectives_in_graphs": in_graph}
+
+
+def _copies(rank, case: CommCase, weights, provider, group, spec) -> tuple:
+    """The eager forced_comm slice, the graph runner over its replayed copy, and the case's comm options."""
+    tp = spec["tp"]
+    opts = hz.options_for(case.hazards, case.repairs).comm
+    eager = ForcedComm(weights, Communicator(group, resolve_comm_dtype(spec["comm_dtype"], tp)), "in-graph",
+                       max_tokens=spec["max_tokens"])
+    replay = ForcedComm.build(None, tp_rank=rank, tp_size=tp, group=group, mode=case.mode, comm_dtype=spec["comm_dtype"],
+                              clone_input=opts.clone_input, max_tokens=spec["max_tokens"],
+                              weights=weights, noop_capture=opts.noop_capture)
+    return eager, SliceRunner(replay, provider, spec["sizes"], spec["max_tokens"]), opts
+
+
+def _fail_if_told(kill, rank, k: int, progress) -> None:
+    """The failure a test asks of this rank at step `k` (`kill`: (rank, step, "kill" | "hang")): die, or hang."""
+    if kill[0] == rank and kill[1] == k:
+        progress.mark(phase=kill[2])
+        if kill[2] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:
+            time.sleep(3600)
+
+
+def _replay(runner, provider, rank, k: int, step: int, ids, e, pending):
+    """Launch step `k`'s replay and compare with the eager output `e`: at once, or (`pending` not False:
+    the registered mode, pipelined) the step in flight before it. Returns the divergence found (or None)
+    and the step now in flight."""
+    handle = runner.launch(ids)
+    found = None
+    if pending is False:
+        r = handle.wait()
+        provider.synchronize()
+        return _diff(k, step, "out", rank, e, r), False
+    if pending is not None:
+        pk, pstep, pe, ph = pending
+        found = _diff(pk, pstep, "out", rank, pe, ph.wait())
+    provider.synchronize()
+    return found, (k, step, e, handle)
+
+
+class _SteadyClock:
+    """The eager and replay seconds summed over steady-state steps (a step that captured is not timed)."""
+
+    def __init__(self):
+        self.eager = self.replay = 0.0
+        self.timed = self.captured = 0
+
+    def add(self, captures: int, eager: float, replay: float) -> None:
+        if captures == self.captured:
+            self.eager += eager
+            self.replay += replay
+            self.timed += 1
+        self.captured = captures
+
+    def mean_us(self, total: float) -> float:
+        return total / max(self.timed, 1) * 1e6
 

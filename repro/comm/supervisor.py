@@ -131,12 +131,7 @@ def run_forced_comm(checkpoint=None, tp: int = 2, device: str = "cpu", hazards=(
         raise BadInput(f"forced_comm needs --tp >= 2 (one rank a shard), got {tp}")
     if comm_dtype not in COMM_DTYPES:
         raise BadInput(f"unknown comm dtype {comm_dtype!r} (choose from {', '.join(COMM_DTYPES)})")
-    if cases is None:
-        cases = plan(hazards, repairs)
-    else:
-        cases = [c if isinstance(c, CommCase) else CommCase(tuple(c[0]), tuple(c[1])) for c in cases]
-        for c in cases:
-            c.mode
+    cases = plan(hazards, repairs) if cases is None else _checked_cases(cases)
     if checkpoint is None:
         checkpoint = default_checkpoint()
     ck = Checkpoint.open(checkpoint)
@@ -174,7 +169,22 @@ def run_forced_comm(checkpoint=None, tp: int = 2, device: str = "cpu", hazards=(
         "max_tokens": max([len(b.token_ids) for b in batches] + [sizes[-1]]), "kill": kill_rank,
         "threads": max(1, (os.cpu_count() or 1) // tp) if kind == "cpu" else 4,
     }
-    t0 = time.monotonic()
+    return _launch(spec, cases, tp, timeout)
+
+
+def _checked_cases(cases) -> list[CommCase]:
+    """An explicit list of cases as `CommCase`s, refused here (`CommCase.mode`) if forced_comm cannot
+    honour its knobs."""
+    cases = [c if isinstance(c, CommCase) else CommCase(tuple(c[0]), tuple(c[1])) for c in cases]
+    for c in cases:
+        c.mode
+    return cases
+
+
+def _launch(spec: dict, cases: list[CommCase], tp: int, timeout: float) -> CommRun:
+    """Spawn the `tp` ranks on `spec`, watch them to the end (or `timeout`), reap every one, and read
+    the result they wrote."""
+    outdir, t0 = spec["outdir"], time.monotonic()
     ctx = torch.multiprocessing.get_context("spawn")
     procs = []
     try:

@@ -245,27 +245,8 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
         return failure(run_case(model, provider, c, seq, sentinel=o.sentinel))
 
     label = ",".join(o.hazards) or "blind " + (o.ctl.label() if o.ctl.upstream else o.stack)
-    progress = HuntProgress(f"hunt {o.island} {'/'.join(modes)} {label}")
-    seen: list = []
-    t0 = time.perf_counter()
     clock = stats if stats is not None else {}
-
-    def shown(b: Budget) -> None:
-        seen[:] = [b]
-        if b.found_at is not None and "first_s" not in clock:
-            clock["first_s"] = round(time.perf_counter() - t0, 2)
-        progress(b)
-    stopped = False
-    try:
-        found = hunt(check, o.max_examples, o.profile, vocab=model.cfg.vocab_size, cache=o.cache, progress=shown,
-                     spec_tokens=k, data_parallel=dp, block_size=o.block_size, modes=modes if len(modes) > 1 else None,
-                     **space_for(DEFAULT_SIZES))
-    except KeyboardInterrupt:
-        stopped = True  # the search did not end: no "done" line
-        raise
-    finally:
-        progress.end(seen[0] if seen and not stopped else None)
-    clock["examples"] = seen[0].spent if seen else 0
+    found, t0 = _search(o, check, model.cfg.vocab_size, modes, k, dp, label, clock)
     what = f"{label}, {o.island}, {'/'.join(modes)}" + ("" if o.stack == "fixed" or is_blind(o) else f", stack {o.stack}")
     if edges is not None:
         for line in coverage_lines(edges, clock["examples"], o.block_size):
@@ -280,6 +261,40 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
             for i, f in enumerate(found)]
     if is_blind(o):
         clock["blame_s"] = round(time.perf_counter() - t0, 2)
+    doc = _publish(o, save, docs, found, what, clock)
+    return 1, doc
+
+
+def _search(o: HuntConfig, check, vocab: int, modes: tuple[str, ...], k: int, dp: bool, label: str,
+            clock: dict) -> tuple[list, float]:
+    """The search under its progress line: the failures found and the search's start time; `clock`
+    gets the seconds to the first failure (`first_s`) and the sequences run (`examples`)."""
+    progress = HuntProgress(f"hunt {o.island} {'/'.join(modes)} {label}")
+    seen: list = []
+    t0 = time.perf_counter()
+
+    def shown(b: Budget) -> None:
+        seen[:] = [b]
+        if b.found_at is not None and "first_s" not in clock:
+            clock["first_s"] = round(time.perf_counter() - t0, 2)
+        progress(b)
+    stopped = False
+    try:
+        found = hunt(check, o.max_examples, o.profile, vocab=vocab, cache=o.cache, progress=shown,
+                     spec_tokens=k, data_parallel=dp, block_size=o.block_size, modes=modes if len(modes) > 1 else None,
+                     **space_for(DEFAULT_SIZES))
+    except KeyboardInterrupt:
+        stopped = True  # the search did not end: no "done" line
+        raise
+    finally:
+        progress.end(seen[0] if seen and not stopped else None)
+    clock["examples"] = seen[0].spent if seen else 0
+    return found, t0
+
+
+def _publish(o: HuntConfig, save, docs: list, found: list, what: str, clock: dict) -> dict:
+    """Save the result (the first failure, the others beside it), print each failure's lines and the
+    one-line finding; returns the saved result."""
     doc = {**docs[0][0], **({"other_failures": [d for d, _ in docs[1:]]} if len(docs) > 1 else {})}
     write_json(save, doc, "--save")
     if o.json:
@@ -293,7 +308,7 @@ def run_hunt(o: HuntConfig, stats: dict | None = None) -> tuple[int, dict | None
             emit(line)
     print(f"hunt ({what}) found: {found[0].found.line()}" + (f" (and {len(found) - 1} more)" if len(found) > 1 else ""),
           file=sys.stderr)
-    return 1, doc
+    return doc
 
 
 def coverage_lines(edges: Edges, examples: int, block_size: int | None) -> list[str]:

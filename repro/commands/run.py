@@ -135,17 +135,9 @@ def run_command(c: RunConfig) -> int:
         check_island(c.island)
     comm_run = c.tp > 1 or c.island == "forced_comm"
     ctl = _refuse_ignored(c, comm_run)
-    check_distinct([("--json", c.json), ("--trace", c.trace)], [("--report", c.report, REPORT_FILES)])
-    check_output_file(c.json, "--json")
-    check_output_file(c.trace, "--trace")
-    report = check_report_dir(c.report, c.force, "--report") if c.report else None
+    report = _check_outputs(c)
     if comm_run:
-        if not c.amplify:
-            raise BadInput("--no-amplify: forced_comm runs always amplify (not wired through its ranks yet)")
-        if c.reference_every is not None:
-            raise BadInput("--reference-every: forced_comm runs have no third copy (it runs on the chain islands)")
-        if report:
-            raise BadInput("--report: forced_comm / --tp runs have no report yet (write --json and see its rows)")
+        _refuse_for_comm(c, report)
         return _forced_comm(c)
     if c.tp != 1:
         raise BadInput(f"--tp {c.tp}: only island forced_comm runs on several ranks")
@@ -153,12 +145,7 @@ def run_command(c: RunConfig) -> int:
     seq, recorded = load_sequence(c.sequence) if c.sequence else (None, None)
     stack = _stack(c, recorded)
     if seq is not None:
-        if c.spec_tokens is not None and c.spec_tokens != seq.spec_tokens:
-            raise BadInput(f"--spec-tokens {c.spec_tokens}: --sequence {c.sequence} has spec_tokens {seq.spec_tokens} "
-                           "(the file gives the drafts; leave --spec-tokens out)")
-        if c.block_size is not None and c.block_size != seq.block_size:
-            raise BadInput(f"--block-size {c.block_size}: --sequence {c.sequence} has block_size {seq.block_size} "
-                           "(the file gives the block size; leave --block-size out)")
+        _refuse_beside_sequence(c, seq)
     provider = make_provider(c.device)
     # a sequence file gives every case its K: the plan's extra K rows would be copies of its own
     cases = plan(c.island, c.mode, c.hazards, c.repairs, provider.supports_streams,
@@ -183,31 +170,11 @@ def run_command(c: RunConfig) -> int:
             sequences[key] = default_sequence(c.seed or 0, c.steps or DEFAULT_STEPS, vocab=model.cfg.vocab_size,
                                               spec_tokens=key[0], data_parallel=key[1], block_size=key[2])
         return sequences[key]
-    results = []
     t0 = time.perf_counter()
-    progress = for_cases(len(cases))
-    with streamed(c.trace, "--trace") as trace:
-        try:
-            for case in cases:
-                step_cb = progress.start(f"{case.island} {case.mode} {','.join(case.hazards) or 'baseline'}"
-                                         + (f" +{','.join(case.repairs)}" if case.repairs else ""))
-                r = run_case(model, provider, case, sequence_for(case), sentinel=c.sentinel, trace=trace, progress=step_cb,
-                             strict=c.strict, amplify=c.amplify, reference_every=c.reference_every)
-                results.append(r)
-                progress.finish(verdict(r))
-        finally:
-            progress.clear()
+    results = _run_cases(c, model, provider, cases, sequence_for)
     emit(format_table(results))
     first = sequence_for(cases[0])
-    lines = [f"{len(results)} runs, {len(first.batches())} steps each at most, {time.perf_counter() - t0:.1f} s, "
-             f"provider {provider.name} on {device_name(provider)} (replay speed: `repro bench`)"]
-    used = [(v, k, r) for r in results for k, v in r.bound_usage.items()]
-    if used:
-        v, k, r = max(used, key=lambda u: u[0])
-        lines.append(f"against the third copy, rounding used at most {v:.3g} of its bound ({k}, {r.case.island} "
-                     f"{r.case.mode}{' ' + ','.join(r.case.hazards) if r.case.hazards else ''}); per tensor: --json")
-    for line in lines:  # the table's width
-        emit("\n".join(wrap(line)))
+    _emit_summary(results, first, provider, t0)
     doc = {"command": c.command, "device": device_name(provider), "graph_provider": provider.name,
            "torch": torch.__version__, "checkpoint": str(path), "seed": None if c.sequence else c.seed or 0,
            "sentinel": c.sentinel, "layer": model.layer, "kernels": {op: registry.selected(op) for op in registry.ops()},
@@ -220,11 +187,77 @@ def run_command(c: RunConfig) -> int:
                      what="--report")
         emit(f"report: {report}/REPORT.md")
     explicit = bool(c.hazards)
+    _explain_each(results, explicit)
+    return exit_code(results, explicit)
+
+
+def _check_outputs(c: RunConfig):
+    """The output paths, checked before any work (`repro/io.py`); returns the report folder, or None."""
+    check_distinct([("--json", c.json), ("--trace", c.trace)], [("--report", c.report, REPORT_FILES)])
+    check_output_file(c.json, "--json")
+    check_output_file(c.trace, "--trace")
+    return check_report_dir(c.report, c.force, "--report") if c.report else None
+
+
+def _explain_each(results: list, explicit: bool) -> None:
+    """A line on stderr for each run that diverged or missed its hazard (and, with hazards named, each
+    that caught one or did not trigger it)."""
     for r in results:
         v = verdict(r)
         if v in ("DIVERGED", "MISSED") or (explicit and (r.detected or v == "not triggered")):
             print(f"repro: {_explain(r, v)}", file=sys.stderr)
-    return exit_code(results, explicit)
+
+
+def _refuse_for_comm(c: RunConfig, report) -> None:
+    """What a forced_comm / `--tp` run cannot take."""
+    if not c.amplify:
+        raise BadInput("--no-amplify: forced_comm runs always amplify (not wired through its ranks yet)")
+    if c.reference_every is not None:
+        raise BadInput("--reference-every: forced_comm runs have no third copy (it runs on the chain islands)")
+    if report:
+        raise BadInput("--report: forced_comm / --tp runs have no report yet (write --json and see its rows)")
+
+
+def _refuse_beside_sequence(c: RunConfig, seq: Sequence) -> None:
+    """A sequence file gives the drafts and the block size: a flag that says otherwise is refused."""
+    if c.spec_tokens is not None and c.spec_tokens != seq.spec_tokens:
+        raise BadInput(f"--spec-tokens {c.spec_tokens}: --sequence {c.sequence} has spec_tokens {seq.spec_tokens} "
+                       "(the file gives the drafts; leave --spec-tokens out)")
+    if c.block_size is not None and c.block_size != seq.block_size:
+        raise BadInput(f"--block-size {c.block_size}: --sequence {c.sequence} has block_size {seq.block_size} "
+                       "(the file gives the block size; leave --block-size out)")
+
+
+def _run_cases(c: RunConfig, model, provider, cases: list, sequence_for) -> list:
+    """Each case over its sequence, one progress line each, the trace streamed to `--trace`."""
+    results = []
+    progress = for_cases(len(cases))
+    with streamed(c.trace, "--trace") as trace:
+        try:
+            for case in cases:
+                step_cb = progress.start(f"{case.island} {case.mode} {','.join(case.hazards) or 'baseline'}"
+                                         + (f" +{','.join(case.repairs)}" if case.repairs else ""))
+                r = run_case(model, provider, case, sequence_for(case), sentinel=c.sentinel, trace=trace, progress=step_cb,
+                             strict=c.strict, amplify=c.amplify, reference_every=c.reference_every)
+                results.append(r)
+                progress.finish(verdict(r))
+        finally:
+            progress.clear()
+    return results
+
+
+def _emit_summary(results: list, first: Sequence, provider, t0: float) -> None:
+    """The lines under the table: runs, steps, seconds, the provider, and the most of its bound the
+    rounding used against the third copy."""
+    lines = [f"{len(results)} runs, {len(first.batches())} steps each at most, {time.perf_counter() - t0:.1f} s, "
+             f"provider {provider.name} on {device_name(provider)} (replay speed: `repro bench`)"]
+    used = [(v, k, r) for r in results for k, v in r.bound_usage.items()]
+    if used:
+        v, k, r = max(used, key=lambda u: u[0])
+        lines.append(f"against the third copy, rounding used at most {v:.3g} of its bound ({k}, {r.case.island} "
+                     f"{r.case.mode}{' ' + ','.join(r.case.hazards) if r.case.hazards else ''}); per tensor: --json")
+    for line in lines:  # the table's width
+        emit("\n".join(wrap(line)))
 
 
 def _seq(seq: Sequence, ctl: Control) -> dict:

@@ -22,8 +22,66 @@ class StepInputs:
     token_slots: torch.Tensor  # int32 [T]
 
 
+class PinnedInputs:
+    """A step's device inputs (module docstring): its token ids and each token's state block, built
+    once into one host buffer (pinned when an accelerator is present), and a copy of their own for
+    each consumer. Mixed into `StepBatch`, whose `token_ids`, `slots`, `query_lens` and `_host` it reads."""
+
+    def prepare(self, pin: bool | None = None) -> "StepBatch":
+        """Build the host tensors of this step once (pinned when `pin`, default: when CUDA is
+        available), ahead of the step. Idempotent; `release()` drops them."""
+        if self._host is None:
+            if pin is None:
+                pin = torch.cuda.is_available()
+            # One byte buffer holding every field at an 8-byte aligned offset: one (pinned)
+            # allocation and one copy per consumer instead of five, filled through numpy views
+            # (five `torch.tensor` calls and a `cat` cost about four times the host time).
+            q = np.asarray(self.query_lens, dtype=np.int64)
+            fields = (("ids", torch.long, np.asarray(self.token_ids, dtype=np.int64)),
+                      ("token_slots", torch.int32, np.repeat(np.asarray(self.slots, dtype=np.int32), q)))
+            layout, at = {}, 0
+            for k, dt, a in fields:
+                layout[k] = (at, a.nbytes, dt)
+                at += a.nbytes + (-a.nbytes % 8)
+            buf = torch.zeros(at, dtype=torch.uint8, pin_memory=pin)
+            view = buf.numpy()
+            for k, _, a in fields:
+                o, n, _ = layout[k]
+                view[o:o + n] = a.view(np.uint8)
+            o, n, _ = layout["ids"]
+            self._host = {"buf": buf, "layout": layout, "ids": buf[o:o + n].view(torch.long)}
+        return self
+
+    def release(self) -> None:
+        """Drop the host tensors (after the step: a long run keeps its batches, not their buffers)."""
+        self._host = None
+
+    def on(self, device) -> "StepInputs":
+        """This step's inputs on `device`, tensors of the caller's own: one non-blocking copy of
+        the pinned host buffer (a plain `torch.tensor(list, device=cuda)` is a pageable copy, which
+        synchronises the stream), or a clone on the CPU, viewed as the fields."""
+        h = self.prepare()._host
+        device = torch.device(device)
+        buf = h["buf"].clone() if device.type == "cpu" else h["buf"].to(device, non_blocking=h["buf"].is_pinned())
+        f = {k: buf[o:o + n].view(dt) for k, (o, n, dt) in h["layout"].items()}
+        return StepInputs(f["ids"], f["token_slots"])
+
+    def host_ids(self) -> torch.Tensor:
+        """The prepared host tensor of token ids (pinned when prepared so): copy it with
+        non_blocking, do not keep it past `release()`."""
+        return self.prepare()._host["ids"]
+
+    def ids(self, device) -> torch.Tensor:
+        """Token ids, int64, on `device` (a tensor of the caller's own)."""
+        return self.on(device).ids
+
+    def token_slot_tensor(self, device) -> torch.Tensor:
+        """Each token's state slot, int32, on `device`."""
+        return self.on(device).token_slots
+
+
 @dataclass
-class StepBatch:
+class StepBatch(PinnedInputs):
     """One scheduled step as the runner sees it: its requests in order (decodes first, then
     prefills: vLLM's order), each with the tokens scheduled for it (its query) and where its state
     lives. A dummy step (`dummy`) has no requests: what an idle data-parallel rank runs
@@ -124,58 +182,6 @@ class StepBatch:
 
     def token_slots(self) -> list[int]:
         return [s for s, q in zip(self.slots, self.query_lens) for _ in range(q)]
-
-    def prepare(self, pin: bool | None = None) -> "StepBatch":
-        """Build the host tensors of this step once (pinned when `pin`, default: when CUDA is
-        available), ahead of the step. Idempotent; `release()` drops them."""
-        if self._host is None:
-            if pin is None:
-                pin = torch.cuda.is_available()
-            # One byte buffer holding every field at an 8-byte aligned offset: one (pinned)
-            # allocation and one copy per consumer instead of five, filled through numpy views
-            # (five `torch.tensor` calls and a `cat` cost about four times the host time).
-            q = np.asarray(self.query_lens, dtype=np.int64)
-            fields = (("ids", torch.long, np.asarray(self.token_ids, dtype=np.int64)),
-                      ("token_slots", torch.int32, np.repeat(np.asarray(self.slots, dtype=np.int32), q)))
-            layout, at = {}, 0
-            for k, dt, a in fields:
-                layout[k] = (at, a.nbytes, dt)
-                at += a.nbytes + (-a.nbytes % 8)
-            buf = torch.zeros(at, dtype=torch.uint8, pin_memory=pin)
-            view = buf.numpy()
-            for k, _, a in fields:
-                o, n, _ = layout[k]
-                view[o:o + n] = a.view(np.uint8)
-            o, n, _ = layout["ids"]
-            self._host = {"buf": buf, "layout": layout, "ids": buf[o:o + n].view(torch.long)}
-        return self
-
-    def release(self) -> None:
-        """Drop the host tensors (after the step: a long run keeps its batches, not their buffers)."""
-        self._host = None
-
-    def on(self, device) -> "StepInputs":
-        """This step's inputs on `device`, tensors of the caller's own: one non-blocking copy of
-        the pinned host buffer (a plain `torch.tensor(list, device=cuda)` is a pageable copy, which
-        synchronises the stream), or a clone on the CPU, viewed as the fields."""
-        h = self.prepare()._host
-        device = torch.device(device)
-        buf = h["buf"].clone() if device.type == "cpu" else h["buf"].to(device, non_blocking=h["buf"].is_pinned())
-        f = {k: buf[o:o + n].view(dt) for k, (o, n, dt) in h["layout"].items()}
-        return StepInputs(f["ids"], f["token_slots"])
-
-    def host_ids(self) -> torch.Tensor:
-        """The prepared host tensor of token ids (pinned when prepared so): copy it with
-        non_blocking, do not keep it past `release()`."""
-        return self.prepare()._host["ids"]
-
-    def ids(self, device) -> torch.Tensor:
-        """Token ids, int64, on `device` (a tensor of the caller's own)."""
-        return self.on(device).ids
-
-    def token_slot_tensor(self, device) -> torch.Tensor:
-        """Each token's state slot, int32, on `device`."""
-        return self.on(device).token_slots
 
     def to_json(self) -> dict:
         d = {"step": self.step, "request_ids": self.request_ids, "slots": self.slots,

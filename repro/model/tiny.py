@@ -273,30 +273,12 @@ def make_tiny(dir: str | Path, seed: int = 0, preset: str | ModelConfig = "tiny"
     quantization_config). naming: GDN "split" (Qwen3.5/3.6) or "fused" (Qwen3-Next qkvz/ba).
     experts: "per_expert" or "fused" (`gate_up_proj`/`down_proj` stacks).
     """
-    for what, val, ok in (("quantised", quantised, QUANTISED), ("naming", naming, NAMINGS),
-                          ("experts", experts, EXPERT_LAYOUTS)):
-        if val not in ok:
-            raise BadInput(f"make_tiny: {what}={val!r} is not one of {', '.join(ok)}")
-    if isinstance(preset, ModelConfig):
-        cfg = preset
-    elif preset in PRESETS:
-        cfg = PRESETS[preset]
-    else:
-        raise BadInput(f"make_tiny: unknown preset {preset!r} (known: {', '.join(PRESETS)})")
-    cfg = cfg.replace(multimodal=multimodal)
-    if cfg.linear_num_value_heads % cfg.linear_num_key_heads:
-        raise BadInput("make_tiny: linear_num_value_heads must be a multiple of linear_num_key_heads")
+    cfg = _config(preset, quantised, naming, experts, multimodal)
     units = cfg.num_hidden_layers + 2
     if not isinstance(shards, int) or not 1 <= shards <= units:
         raise BadInput(f"make_tiny: shards must be an int in 1..{units}, got {shards!r}")
     target = Path(dir)
-    try:
-        if target.exists() and not target.is_dir():
-            raise BadInput(f"{target}: is a file, not a directory (a checkpoint is a directory: give a new one)")
-        if target.exists() and any(target.iterdir()) and not overwrite:
-            raise BadInput(_NOT_EMPTY.format(target))
-    except OSError as e:
-        raise BadInput(f"{target}: cannot check ({e.strerror or e})") from e
+    _check_target(target, overwrite)
     # held at once: one shard's int8 tensors (about half the bf16 bytes) and one unit's bf16 draws
     need, avail = estimate_bytes(cfg) // (2 * shards) + estimate_bytes(cfg) // units, _available_memory()
     if avail is not None and need > avail:
@@ -324,20 +306,7 @@ def make_tiny(dir: str | Path, seed: int = 0, preset: str | ModelConfig = "tiny"
         gen = _Gen(seed, dev)
         sizes = _split(units, shards)
         files = [SINGLE_FILE] if shards == 1 else [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
-        weight_map: dict[str, str] = {}
-        total = 0
-        it = _units(cfg, gen, writer, naming, experts, multimodal)
-        for fname, size in zip(files, sizes):
-            for _ in range(size):
-                next(it)
-            save_file(writer.tensors, str(tmp / fname), metadata={"format": "pt"})
-            for name, t in writer.tensors.items():
-                weight_map[name] = fname
-                total += t.numel() * t.element_size()
-            writer.tensors = {}
-        if shards > 1:
-            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        _write_shards(tmp, _units(cfg, gen, writer, naming, experts, multimodal), writer, files, sizes)
         (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
         (tmp / DIGEST_FILE).write_text(json.dumps(_digests(tmp), indent=2) + "\n")
         for f in tmp.iterdir():  # safetensors' writer creates its files 0600
@@ -350,6 +319,53 @@ def make_tiny(dir: str | Path, seed: int = 0, preset: str | ModelConfig = "tiny"
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _config(preset: str | ModelConfig, quantised: str, naming: str, experts: str, multimodal: bool) -> ModelConfig:
+    """The preset's config for `make_tiny`, its options refused here where they name nothing."""
+    for what, val, ok in (("quantised", quantised, QUANTISED), ("naming", naming, NAMINGS),
+                          ("experts", experts, EXPERT_LAYOUTS)):
+        if val not in ok:
+            raise BadInput(f"make_tiny: {what}={val!r} is not one of {', '.join(ok)}")
+    if isinstance(preset, ModelConfig):
+        cfg = preset
+    elif preset in PRESETS:
+        cfg = PRESETS[preset]
+    else:
+        raise BadInput(f"make_tiny: unknown preset {preset!r} (known: {', '.join(PRESETS)})")
+    cfg = cfg.replace(multimodal=multimodal)
+    if cfg.linear_num_value_heads % cfg.linear_num_key_heads:
+        raise BadInput("make_tiny: linear_num_value_heads must be a multiple of linear_num_key_heads")
+    return cfg
+
+
+def _check_target(target: Path, overwrite: bool) -> None:
+    """A checkpoint goes into a new or empty directory (or, with `overwrite`, replaces one)."""
+    try:
+        if target.exists() and not target.is_dir():
+            raise BadInput(f"{target}: is a file, not a directory (a checkpoint is a directory: give a new one)")
+        if target.exists() and any(target.iterdir()) and not overwrite:
+            raise BadInput(_NOT_EMPTY.format(target))
+    except OSError as e:
+        raise BadInput(f"{target}: cannot check ({e.strerror or e})") from e
+
+
+def _write_shards(tmp: Path, units, writer: "_Writer", files: list[str], sizes: list[int]) -> None:
+    """Draw `sizes[i]` units (`units`: `_units`' steps) into each file, and the index over them when
+    there are several."""
+    weight_map: dict[str, str] = {}
+    total = 0
+    for fname, size in zip(files, sizes):
+        for _ in range(size):
+            next(units)
+        save_file(writer.tensors, str(tmp / fname), metadata={"format": "pt"})
+        for name, t in writer.tensors.items():
+            weight_map[name] = fname
+            total += t.numel() * t.element_size()
+        writer.tensors = {}
+    if len(files) > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
 
 
 _NOT_EMPTY = "{}: already exists and is not empty; give a new or empty directory (repro does not replace one)"

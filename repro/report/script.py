@@ -227,49 +227,59 @@ def make_standalone(folder: Path, doc, r, steps, seqj, model, sentinel, title, v
     why = standalone_gap(r)
     if why:
         return Standalone(False, why)
-    fd = r["first_divergence"] if r["diverged"] else None
-    expect_rc = 1 if r["diverged"] else 0
-    script = folder / SCRIPT
     spec = build_spec(doc, r, steps, seqj, model, sentinel, title, {"source": "seed", "seed": seed})
     out = Standalone(True, weights=f"seed {seed}")
+    _write(folder, spec, out)
+    if weights == "embed":
+        _embed(folder, model, spec, out)
+    if not verify:
+        out.notes.append(f"not run here (--no-verify): the weights are {out.weights} and were not checked")
+        return out
+    _verify(folder, doc, r, model, spec, out, seed, weights == "auto")
+    return out
 
-    def write():
-        script.write_text(render_script(spec))
-        out.needs = needs(spec)
+
+def _write(folder: Path, spec: dict, out: Standalone) -> None:
+    (folder / SCRIPT).write_text(render_script(spec))
+    out.needs = needs(spec)
+
+
+def _embed(folder: Path, model, spec: dict, out: Standalone) -> bool:
+    """Write the layer's tensors beside the script and the script to read them; False (and a note why)
+    where the checkpoint is not here or the tensors are over what an attachment may take."""
+    if model is None:
+        out.notes.append("the checkpoint is not readable here: the weights cannot be embedded")
+        return False
+    tensors = embedded_tensors(model, spec["embed_ids"])
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    if size > EMBED_LIMIT:
+        out.notes.append(f"the layer's tensors take {size >> 20} MiB, over the {EMBED_LIMIT >> 20} MiB an "
+                         "attachment may take: the weights stay seeded")
+        return False
+    from safetensors.torch import save_file
+    save_file(tensors, str(folder / WEIGHTS))
+    os.chmod(folder / WEIGHTS, 0o644)
+    spec["weights"] = {"source": "file", "file": WEIGHTS, "bytes": size}
+    _write(folder, spec, out)
+    out.weights = "embedded"
+    return True
+
+
+def _verify(folder: Path, doc, r, model, spec: dict, out: Standalone, seed: int, auto: bool) -> None:
+    """Run the written script here and record what it gives; `auto`: where the seeded weights do not
+    give the recorded outcome at the recorded place, embed the layer's and keep whichever came closer."""
+    fd = r["first_divergence"] if r["diverged"] else None
+    expect_rc = 1 if r["diverged"] else 0
 
     def faithful(c: Check) -> bool:
         return c.rc == expect_rc and (fd is None or same_place(c, fd))
 
-    def embed() -> bool:
-        if model is None:
-            out.notes.append("the checkpoint is not readable here: the weights cannot be embedded")
-            return False
-        tensors = embedded_tensors(model, spec["embed_ids"])
-        size = sum(t.numel() * t.element_size() for t in tensors.values())
-        if size > EMBED_LIMIT:
-            out.notes.append(f"the layer's tensors take {size >> 20} MiB, over the {EMBED_LIMIT >> 20} MiB an "
-                             "attachment may take: the weights stay seeded")
-            return False
-        from safetensors.torch import save_file
-        save_file(tensors, str(folder / WEIGHTS))
-        os.chmod(folder / WEIGHTS, 0o644)
-        spec["weights"] = {"source": "file", "file": WEIGHTS, "bytes": size}
-        write()
-        out.weights = "embedded"
-        return True
-
-    write()
-    if weights == "embed":
-        embed()
-    if not verify:
-        out.notes.append(f"not run here (--no-verify): the weights are {out.weights} and were not checked")
-        return out
     device = _verify_device(doc)
     chk = run_script(folder, device)
     out.checks.append((f"as generated, weights {'embedded' if out.weights == 'embedded' else 'from seed'}", chk))
-    if weights == "auto" and not faithful(chk):
+    if auto and not faithful(chk):
         out.seed_failed = True
-        if embed():
+        if _embed(folder, model, spec, out):
             chk2 = run_script(folder, device)
             out.checks.append(("with the layer's weights embedded", chk2))
             if faithful(chk2) or not chk.rc == expect_rc:
@@ -277,11 +287,10 @@ def make_standalone(folder: Path, doc, r, steps, seqj, model, sentinel, title, v
             else:  # the seeded weights came closer: back to them
                 (folder / WEIGHTS).unlink()
                 spec["weights"] = {"source": "seed", "seed": seed}
-                write()
+                _write(folder, spec, out)
                 out.weights = f"seed {seed}"
     out.reproduces = chk.rc == expect_rc if chk.rc is not None else None
     out.same_place = faithful(chk) if fd is not None else None
     if spec["default_repairs"] and r["diverged"]:
         label = f"with --repair ({', '.join(spec['default_repairs'])})"
         out.checks.append((label, run_script(folder, device, ["--repair"])))
-    return out

@@ -157,7 +157,7 @@ class Scheduler(AlignedBlocks):
         requests`; it waits if they do not fit). Returns the step, or None when nothing could run (the
         tick passes all the same)."""
         self._settle(accepted)
-        t, budget, k, bs = self.tick, self.budget, self.spec_tokens, self.block_size
+        t, budget = self.tick, self.budget
         self.tick += 1
         self.calls += 1
         self._fresh = set()
@@ -166,6 +166,16 @@ class Scheduler(AlignedBlocks):
         cap = self.config.long_prefill_token_threshold if eligible > 1 else 0
         wide = min(budget, self.config.long_prefill_token_threshold or budget)  # `_mamba_block_aligned_split`
         rows: list[tuple[_Req, int, bool, int]] = []  # (request, query length, is a decode, drafts)
+        budget = self._schedule_running(rows, budget, cap, wide)
+        running = len(rows)
+        self._schedule_waiting(rows, budget, t, cap, wide)
+        if not rows:
+            return None
+        return self._emit(rows, t, running)
+
+    def _schedule_running(self, rows: list, budget: int, cap: int, wide: int) -> int:
+        """The running requests' rows, in the order admitted (`step`); returns the budget left."""
+        k, bs = self.spec_tokens, self.block_size
         for r in self._running:
             if budget <= 0:
                 break
@@ -180,6 +190,11 @@ class Scheduler(AlignedBlocks):
                         continue
                 self._schedule(rows, (r, n, False, 0))
             budget -= n
+        return budget
+
+    def _schedule_waiting(self, rows: list, budget: int, t: int, cap: int, wide: int) -> None:
+        """The waiting requests admitted this step and their first chunks, in order (`step`)."""
+        k, bs = self.spec_tokens, self.block_size
         running, chunked = len(rows), any(not decode for _, _, decode, _ in rows)
         for r in list(self._waiting):
             if r.arrive > t or (len(self._running) >= self.max_seqs if bs else len(self.free) < 1 + k):
@@ -210,9 +225,6 @@ class Scheduler(AlignedBlocks):
                 self._admit(r, r.prefill_len())
             self._schedule(rows, (r, n, False, pad))
             budget -= n
-        if not rows:
-            return None
-        return self._emit(rows, t, running)
 
     def dummy(self, accepted: Mapping[int, int] | None = None) -> StepBatch:
         """One tick of an idle data-parallel rank: the other ranks run a step, this one runs
@@ -351,6 +363,18 @@ class Scheduler(AlignedBlocks):
         lag = self.config.async_scheduling  # the scheduler learns of a stop one step late (`config.py`)
         lagged = [r.rid for r, *_ in rows if r.stopped]
         placeholders = [r.out[1] if r.out[0] == self.emitted - 1 else 0 for r, *_ in rows] if lag else None
+        self._advance(rows, t, lag)
+        b = StepBatch(ids, slots, qlens, init, toks, step=self.emitted, live_slots=self.owned(),
+                      num_computed=computed, prompt_lens=prompts, draft_lens=drafts, num_accepted=accepted,
+                      blocks=blocks, finished=finished, post_copies=post, **aligned,
+                      num_output_placeholders=placeholders, lagged=lagged,
+                      prefill_lens=None if (pre := [x[0].target for x in rows]) == prompts else pre)  # resumed
+        self.emitted += 1
+        return b
+
+    def _advance(self, rows, t: int, lag: bool) -> None:
+        """After the step is emitted: each decode pending its kept count and released where it stops
+        (or is preempted), each chunk computed; with a block size, the columns behind each let go."""
         for r, q, decode, d in rows:
             if decode:
                 r.pending, r.drafts, r.out = True, d, (self.emitted, 1 + d)
@@ -370,13 +394,6 @@ class Scheduler(AlignedBlocks):
                         r.stopped = lag
                         if not lag:
                             self._release(r, False, t + 1)
-        for r, _, decode, _ in rows if bs else ():
+        for r, _, decode, _ in rows if self.block_size else ():
             if r in self._running:
                 self._retire(r, r.num_computed + decode)  # a decode has kept one token at least
-        b = StepBatch(ids, slots, qlens, init, toks, step=self.emitted, live_slots=self.owned(),
-                      num_computed=computed, prompt_lens=prompts, draft_lens=drafts, num_accepted=accepted,
-                      blocks=blocks, finished=finished, post_copies=post, **aligned,
-                      num_output_placeholders=placeholders, lagged=lagged,
-                      prefill_lens=None if (pre := [x[0].target for x in rows]) == prompts else pre)  # resumed
-        self.emitted += 1
-        return b

@@ -153,11 +153,7 @@ def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab
     Raises FlakyHunt when a failure does not reproduce (nondeterminism is itself worth
     reporting, in one line); bad input and lack of memory pass through as they are."""
     found: list[tuple[Failure, BaseException]] = []
-    if profile is not None:
-        register_profiles(cache)
-        base = settings.get_profile(profile)
-    else:
-        base = settings(database=database(cache))
+    base = _base_settings(profile, cache)
     budget = Budget(check, example_count(max_examples, profile), progress)
     # a derandomised search's seed is the source of the function it runs: kept as before block sizes
     sequences = functools.partial(sequence_strategy, block_size=block_size)
@@ -193,18 +189,32 @@ def hunt(check, max_examples: int | None = 60, profile: str | None = None, vocab
     except Flaky as e:
         raise _flaky(found, e) from None
     except Exception as e:
-        group = getattr(e, "exceptions", None)  # an ExceptionGroup (the backport's on Python 3.10)
-        errors = list(group) if isinstance(group, tuple) else [e]
-        if any(isinstance(x, Flaky) for x in errors):
-            raise _flaky(found, e) from None
-        shrunk = []
-        for x in errors:  # Hypothesis raises what its last run of each minimal example raised
-            f = next((f for f, err in reversed(found) if err is x), None)
-            if f is None:
-                raise
-            shrunk.append(f)
-        return [_merged(f, budget) for f in shrunk]
+        return [_merged(f, budget) for f in _minimal(found, e)]
     return []
+
+
+def _base_settings(profile: str | None, cache) -> settings:
+    """The named profile (registered now), or Hypothesis's defaults over the cache's database."""
+    if profile is not None:
+        register_profiles(cache)
+        return settings.get_profile(profile)
+    return settings(database=database(cache))
+
+
+def _minimal(found: list[tuple[Failure, BaseException]], e: Exception) -> list[Failure]:
+    """The failure recorded for each minimal example Hypothesis raised (`e`, or each in its group);
+    FlakyHunt where one is Flaky; `e` as it is where one is no failure the hunt recorded."""
+    group = getattr(e, "exceptions", None)  # an ExceptionGroup (the backport's on Python 3.10)
+    errors = list(group) if isinstance(group, tuple) else [e]
+    if any(isinstance(x, Flaky) for x in errors):
+        raise _flaky(found, e) from None
+    shrunk = []
+    for x in errors:  # Hypothesis raises what its last run of each minimal example raised
+        f = next((f for f, err in reversed(found) if err is x), None)
+        if f is None:
+            raise e
+        shrunk.append(f)
+    return shrunk
 
 
 def _flaky(found, e) -> FlakyHunt:
