@@ -12,9 +12,9 @@ the steps, the scheduler and the builder over `budget.sequences` request sequenc
 with and without a block size (the builder's under the graph modes and capture lists in turn), the
 input batch over three times as many for each K without a block size (a growing row is the runner's
 `_update_states`, not run here; its calls are cheap, and the family needs as many calls as the
-others). Against a release whose block-aligned scheduling the mirror does not follow
-(`scheduler.ALIGN_RELEASE`) the scheduler compares the streams without a block size, the input
-batch's among them, so that it too makes 10,000 calls.
+others). Against a release whose block-aligned scheduling and long-prefill threshold the mirror
+does not follow (`scheduler.ALIGN_RELEASE`) the scheduler compares the streams without a block size, each with
+the threshold off, the input batch's among them, so that it too makes 10,000 calls.
 
 `CLAIMS` is the release each profile says it is; the `fixed` profile's rules come from vLLM's V2
 runner and its fix PRs, which need Triton and a GPU (the V2 runner is not importable without

@@ -12,8 +12,10 @@ difference: every later step follows from it.
 
 With a block size the mirror's scheduler follows 0.33.0's `_mamba_block_aligned_split` and prefix
 caching (its last cacheable position, shared-prefix junctions, same-step hits), which 0.26.0 does
-otherwise, and it has no rule per release: against another release only streams without a block
-size are compared (`ALIGN_RELEASE`).
+otherwise, and its long-prefill threshold 0.33.0's `Scheduler.schedule` (a cap only while more than
+one request is eligible; 0.26.0 caps a lone request's prompt too). It has no rule per release:
+against another release only streams without a block size are compared, and with no threshold
+(`ALIGN_RELEASE`).
 
 A stream with async scheduling is not compared: the mirror's one-step lag (`scheduler/config.py`)
 follows vLLM's `AsyncScheduler`, which is not driven here. A scheduled budget below the batch
@@ -28,6 +30,8 @@ cached block and so misses a prefix hit, that is counted as the explained "pool 
 (`explain.EXPLAINED`).
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ..errors import BadInput
 from ..scheduler.scheduler import Scheduler
@@ -155,12 +159,15 @@ def compare_sequence(up, seq, out: dict[str, RuleResult], cache=None) -> bool:
 
 
 def run(up, seqs, rules=None, cache=None) -> list[RuleResult]:
-    """Every stream of `seqs` (with a block size only against `ALIGN_RELEASE`); `rules`, the profile's
+    """Every stream of `seqs` (with a block size or a threshold only against `ALIGN_RELEASE`: against
+    another release, those without a block size with the threshold off); `rules`, the profile's
     control rules, the scheduler does not read; `cache` holds the embedded checkpoint."""
     out = results()
     for seq in seqs:
         if seq.async_scheduling:
             continue  # the AsyncScheduler's one-step lag is not driven through vLLM (module docstring)
-        if seq.block_size is None or up.version == ALIGN_RELEASE:
+        if up.version == ALIGN_RELEASE:
             compare_sequence(up, seq, out, cache)
+        elif seq.block_size is None:  # the threshold's eligibility is 0.33.0's: the stream runs without one
+            compare_sequence(up, replace(seq, long_prefill_token_threshold=0), out, cache)
     return list(out.values())
