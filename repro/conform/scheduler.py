@@ -17,9 +17,10 @@ one request is eligible; 0.26.0 caps a lone request's prompt too). It has no rul
 against another release only streams without a block size are compared, and with no threshold
 (`ALIGN_RELEASE`).
 
-A stream with async scheduling is not compared: the mirror's one-step lag (`scheduler/config.py`)
-follows vLLM's `AsyncScheduler`, which is not driven here. A scheduled budget below the batch
-(`max_num_scheduled_tokens`) and the long-prefill threshold go into both schedulers' configs.
+Async scheduling is not compared: the mirror's one-step lag (`scheduler/config.py`) follows vLLM's
+`AsyncScheduler`, which is not driven here, so a stream drawn with it runs synchronously in both.
+A scheduled budget below the batch (`max_num_scheduled_tokens`) and the long-prefill threshold go
+into both schedulers' configs.
 
 Block ids themselves are not compared: vLLM's pool is shared with the attention layers' blocks and
 hands out the least recently freed, the mirror's holds state blocks only. Nor is the pool's size:
@@ -164,8 +165,7 @@ def run(up, seqs, rules=None, cache=None) -> list[RuleResult]:
     control rules, the scheduler does not read; `cache` holds the embedded checkpoint."""
     out = results()
     for seq in seqs:
-        if seq.async_scheduling:
-            continue  # the AsyncScheduler's one-step lag is not driven through vLLM (module docstring)
+        seq = replace(seq, async_scheduling=False)  # the AsyncScheduler is not driven: synchronous (module docstring)
         if up.version == ALIGN_RELEASE:
             compare_sequence(up, seq, out, cache)
         elif seq.block_size is None:  # the threshold's eligibility is 0.33.0's: the stream runs without one
