@@ -145,8 +145,10 @@ def _steps(r: RuleResult, seq, theirs, ours, explain_as=None) -> bool:
 
 
 def compare_sequence(up, seq, out: dict[str, RuleResult], cache=None) -> bool:
-    """One stream through both (module docstring); True when nothing unexplained differs."""
+    """One stream through both (module docstring); True when nothing unexplained differs. Async
+    scheduling runs synchronously in both (the AsyncScheduler is not driven)."""
     r = out["scheduler"]
+    seq = replace(seq, async_scheduling=False)
     try:
         theirs = VllmScheduler(up, seq, token, draft, cache=cache).batches()
     except Exception as e:  # a configuration vLLM refuses at start-up: no run of it to compare
@@ -165,7 +167,6 @@ def run(up, seqs, rules=None, cache=None) -> list[RuleResult]:
     control rules, the scheduler does not read; `cache` holds the embedded checkpoint."""
     out = results()
     for seq in seqs:
-        seq = replace(seq, async_scheduling=False)  # the AsyncScheduler is not driven: synchronous (module docstring)
         if up.version == ALIGN_RELEASE:
             compare_sequence(up, seq, out, cache)
         elif seq.block_size is None:  # the threshold's eligibility is 0.33.0's: the stream runs without one
