@@ -13,7 +13,7 @@ from ..knobs.modes import mode_name
 from ..knobs.stacks import RULES, STACKS
 from ..scheduler.prefix import MAX_BLOCK_SIZE
 from ..scheduler.scheduler import MAX_SPEC_TOKENS
-from ..scheduler.schema import check_json
+from ..scheduler.schema import check_int, check_json
 
 EXPECTS = ("clean", "diverged", "finding")
 NON_FINITE = ("inf", "-inf", "nan")  # how strict JSON writes a non-finite float (`io.strict_json`)
@@ -21,15 +21,6 @@ NON_FINITE = ("inf", "-inf", "nan")  # how strict JSON writes a non-finite float
 
 def _shown(v) -> str:
     return json.dumps(v)[:40]
-
-
-def _int(v, src: str, lo: int | None = None, hi: int | None = None, none: bool = False) -> None:
-    if v is None and none:
-        return
-    if not isinstance(v, int) or isinstance(v, bool):
-        raise BadInput(f"{src}: expected an integer, got {_shown(v)}")
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise BadInput(f"{src}: {v} is out of range {lo if lo is not None else ''}..{hi if hi is not None else ''}")
 
 
 def _number(v, src: str, none: bool = True) -> None:
@@ -71,11 +62,11 @@ def check_divergence(fd, src: str) -> None:
     for key in ("step", "island", "tensor"):
         if key not in fd:
             raise BadInput(f"{src}: lacks {key}")
-    _int(fd["step"], f"{src}.step", 0)
+    check_int(fd["step"], f"{src}.step", 0)
     _str(fd["island"], f"{src}.island")
     _str(fd["tensor"], f"{src}.tensor")
     for key in ("row", "request", "slot", "rank"):
-        _int(fd.get(key), f"{src}.{key}", -1, none=True)
+        check_int(fd.get(key), f"{src}.{key}", -1, none=True)
     _number(fd.get("max_abs"), f"{src}.max_abs")
     _dict(fd.get("context"), f"{src}.context", none=True)
 
@@ -102,11 +93,11 @@ def check_row(r, src: str) -> None:
     if r.get("microscope") is not None:
         check_divergence(r["microscope"], f"{src}.microscope")
     if "steps" in r:
-        _int(r["steps"], f"{src}.steps", 0)
-    _int(r.get("spec_tokens"), f"{src}.spec_tokens", 0, MAX_SPEC_TOKENS, none=True)
+        check_int(r["steps"], f"{src}.steps", 0)
+    check_int(r.get("spec_tokens"), f"{src}.spec_tokens", 0, MAX_SPEC_TOKENS, none=True)
     _bool(r.get("data_parallel"), f"{src}.data_parallel", none=True)
     _str(r.get("stack"), f"{src}.stack", list(STACKS), none=True)
-    _int(r.get("block_size"), f"{src}.block_size", 1, MAX_BLOCK_SIZE, none=True)
+    check_int(r.get("block_size"), f"{src}.block_size", 1, MAX_BLOCK_SIZE, none=True)
     _str(r.get("expect", "clean"), f"{src}.expect", EXPECTS)
     for key in ("eager_us", "replay_us"):
         _number(r.get(key), f"{src}.{key}")
@@ -122,7 +113,7 @@ def check_row(r, src: str) -> None:
     _dict(r.get("kernel_findings"), f"{src}.kernel_findings", none=True)
     for kind, v in (r.get("kernel_findings") or {}).items():
         _dict(v, f"{src}.kernel_findings.{kind}")
-        _int(v.get("count"), f"{src}.kernel_findings.{kind}.count", 1)
+        check_int(v.get("count"), f"{src}.kernel_findings.{kind}.count", 1)
         check_divergence(v.get("first"), f"{src}.kernel_findings.{kind}.first")
     if "sequence" in r:
         check_json(r["sequence"], f"{src}.sequence")
@@ -135,7 +126,7 @@ def check_blame(b, src: str) -> None:
     _names(b.get("rules"), f"{src}.rules", RULES)
     _names(b.get("hazards"), f"{src}.hazards", hz.HAZARDS)
     _str(b.get("upstream", ""), f"{src}.upstream")
-    _int(b.get("tried", 0), f"{src}.tried", 0)
+    check_int(b.get("tried", 0), f"{src}.tried", 0)
 
 
 def check_document(doc, name: str) -> None:
@@ -144,11 +135,11 @@ def check_document(doc, name: str) -> None:
         _str(doc.get(key), f"{name}: {key}", none=True)
     _str(doc.get("stack"), f"{name}: stack", list(STACKS), none=True)
     for key in ("kernel_sentinel", "sentinel"):
-        _int(doc.get(key), f"{name}: {key}", -1, 0, none=True)
-    _int(doc.get("spec_tokens"), f"{name}: spec_tokens", 0, MAX_SPEC_TOKENS, none=True)
+        check_int(doc.get(key), f"{name}: {key}", -1, 0, none=True)
+    check_int(doc.get("spec_tokens"), f"{name}: spec_tokens", 0, MAX_SPEC_TOKENS, none=True)
     _bool(doc.get("data_parallel"), f"{name}: data_parallel", none=True)
-    _int(doc.get("layer"), f"{name}: layer", 0, none=True)
-    _int(doc.get("seed"), f"{name}: seed", none=True)
+    check_int(doc.get("layer"), f"{name}: layer", 0, none=True)
+    check_int(doc.get("seed"), f"{name}: seed", none=True)
     for i, r in enumerate(doc["results"]):
         check_row(r, f"{name}: results[{i}]")
     key = "minimal_sequence" if "minimal_sequence" in doc else "sequence"

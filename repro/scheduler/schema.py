@@ -24,7 +24,8 @@ MAX_SLOTS = 4096
 PROMPT_BUDGETS = 64  # a prompt may span this many steps' budgets (chunked prefill)
 
 
-def _int(v, src: str, lo: int | None = None, hi: int | None = None, none: bool = False):
+def check_int(v, src: str, lo: int | None = None, hi: int | None = None, none: bool = False):
+    """An integer in lo..hi (None: unbounded; `none`: None allowed), else one line naming `src`."""
     if v is None and none:
         return
     if not isinstance(v, int) or isinstance(v, bool):
@@ -37,7 +38,7 @@ def _slot(v, src: str, blocks: int) -> None:
     """A state block: an integer that is a block for one of the two pad sentinels. Which one the
     run uses is known only when it starts (`Sequence.check_fits`), so the message names both
     ranges in the words `check_fits` uses for the one it checks."""
-    _int(v, src)
+    check_int(v, src)
     if not 0 <= v <= blocks:
         raise BadInput(f"{src}: {v} is out of range 1..{blocks} (pad sentinel 0) and 0..{blocks - 1} "
                        f"(pad sentinel -1) for {blocks} state blocks")
@@ -74,17 +75,17 @@ def check_json(d, source: str = "sequence") -> None:
     if extra:
         raise BadInput(f"{source}: unknown key {extra[0]!r} (known: {', '.join(sorted(known))})")
     check_stack(d.get("stack"), f"{source}: stack")
-    _int(d.get("num_slots", 8), f"{source}: num_slots", 1, MAX_SLOTS)
-    _int(d.get("max_tokens", 16), f"{source}: max_tokens", 1, 65536)
-    _int(d.get("vocab", 512), f"{source}: vocab", 1)
-    _int(d.get("seed", 0), f"{source}: seed")
-    _int(d.get("max_steps"), f"{source}: max_steps", 1, none=True)
-    _int(d.get("spec_tokens", 0), f"{source}: spec_tokens", 0, MAX_SPEC_TOKENS)
+    check_int(d.get("num_slots", 8), f"{source}: num_slots", 1, MAX_SLOTS)
+    check_int(d.get("max_tokens", 16), f"{source}: max_tokens", 1, 65536)
+    check_int(d.get("vocab", 512), f"{source}: vocab", 1)
+    check_int(d.get("seed", 0), f"{source}: seed")
+    check_int(d.get("max_steps"), f"{source}: max_steps", 1, none=True)
+    check_int(d.get("spec_tokens", 0), f"{source}: spec_tokens", 0, MAX_SPEC_TOKENS)
     _bool(d.get("data_parallel", False), f"{source}: data_parallel")
-    _int(d.get("tail_dummies", 0), f"{source}: tail_dummies", 0, 100_000)
+    check_int(d.get("tail_dummies", 0), f"{source}: tail_dummies", 0, 100_000)
     num_slots, max_tokens, k = d.get("num_slots", 8), d.get("max_tokens", 16), d.get("spec_tokens", 0)
     bs = d.get("block_size")
-    _int(bs, f"{source}: block_size", 1, MAX_BLOCK_SIZE, none=True)
+    check_int(bs, f"{source}: block_size", 1, MAX_BLOCK_SIZE, none=True)
     try:
         check_block_size(bs, k)
     except BadInput as e:
@@ -123,8 +124,8 @@ def check_json(d, source: str = "sequence") -> None:
 def _check_scheduler(d: dict, source: str, max_tokens: int, k: int, num_slots: int) -> None:
     """The scheduler settings beyond the budget (`config.SchedulerConfig`) and the other
     data-parallel rank's batches (`dp_peers`, cycled over the steps)."""
-    _int(d.get("max_num_scheduled_tokens"), f"{source}: max_num_scheduled_tokens", 1, 65536, none=True)
-    _int(d.get("long_prefill_token_threshold", 0), f"{source}: long_prefill_token_threshold", 0, 65536)
+    check_int(d.get("max_num_scheduled_tokens"), f"{source}: max_num_scheduled_tokens", 1, 65536, none=True)
+    check_int(d.get("long_prefill_token_threshold", 0), f"{source}: long_prefill_token_threshold", 0, 65536)
     _bool(d.get("async_scheduling", False), f"{source}: async_scheduling")
     SchedulerConfig(d.get("max_num_scheduled_tokens"), d.get("long_prefill_token_threshold", 0),
                     d.get("async_scheduling", False)).check(max_tokens, k, source)
@@ -145,7 +146,7 @@ def _check_peer(p, src: str, d: dict, max_tokens: int, k: int, num_slots: int) -
         raise BadInput(f"{src}: the other data-parallel rank's batch needs data_parallel")
     if len(_list(p, src)) != 2:
         raise BadInput(f"{src}: {len(p)} entries, not [num_tokens, uniform]")
-    _int(p[0], f"{src}[0]", 0, max_tokens)
+    check_int(p[0], f"{src}[0]", 0, max_tokens)
     _bool(p[1], f"{src}[1]")
     q = 1 + k
     if p[0] == 0 and not p[1]:
@@ -167,7 +168,7 @@ def _check_prefixes(reqs: list, source: str) -> None:
             continue
         if of == r["rid"] or of not in by_rid:
             raise BadInput(f"{src}.prefix_of: {of} is not the rid of another request")
-        _int(n, f"{src}.prefix_len", 1, min(r["prompt_len"], by_rid[of]["prompt_len"]))
+        check_int(n, f"{src}.prefix_len", 1, min(r["prompt_len"], by_rid[of]["prompt_len"]))
         seen, at = {r["rid"]}, of
         while by_rid[at].get("prefix_of") is not None and by_rid[at].get("prefix_len", 0):
             if at in seen:
@@ -196,18 +197,18 @@ def _check_request(r, src: str, max_tokens: int, k: int) -> None:
     for key in r:
         if key not in _REQ:
             raise BadInput(f"{src}: unknown key {key!r}")
-    _int(r["rid"], f"{src}.rid", 0)
-    _int(r["prompt_len"], f"{src}.prompt_len", 1, PROMPT_BUDGETS * max_tokens)
-    _int(r["decode_steps"], f"{src}.decode_steps", 0, 100_000)
-    _int(r.get("arrive", 0), f"{src}.arrive", 0, 100_000)
-    _int(r.get("preempt_after"), f"{src}.preempt_after", 1, none=True)
-    _int(r.get("prefix_of"), f"{src}.prefix_of", 0, none=True)
-    _int(r.get("prefix_len", 0), f"{src}.prefix_len", 0)
+    check_int(r["rid"], f"{src}.rid", 0)
+    check_int(r["prompt_len"], f"{src}.prompt_len", 1, PROMPT_BUDGETS * max_tokens)
+    check_int(r["decode_steps"], f"{src}.decode_steps", 0, 100_000)
+    check_int(r.get("arrive", 0), f"{src}.arrive", 0, 100_000)
+    check_int(r.get("preempt_after"), f"{src}.preempt_after", 1, none=True)
+    check_int(r.get("prefix_of"), f"{src}.prefix_of", 0, none=True)
+    check_int(r.get("prefix_len", 0), f"{src}.prefix_len", 0)
     if r.get("accept") is not None:
         if not _list(r["accept"], f"{src}.accept"):
             raise BadInput(f"{src}.accept: empty (leave it out, or null, to keep every draft)")
         for j, v in enumerate(r["accept"]):
-            _int(v, f"{src}.accept[{j}]", 1, 1 + k)
+            check_int(v, f"{src}.accept[{j}]", 1, 1 + k)
 
 
 def _check_step(s, src: str, blocks: int, max_tokens: int, vocab: int, k: int, bs: int | None = None) -> None:
@@ -220,7 +221,7 @@ def _check_step(s, src: str, blocks: int, max_tokens: int, vocab: int, k: int, b
     for key in s:
         if key not in _STEP and key not in _STEP_OPTIONAL:
             raise BadInput(f"{src}: unknown key {key!r}")
-    _int(s["step"], f"{src}.step", 0)
+    check_int(s["step"], f"{src}.step", 0)
     dummy = s.get("dummy", False)
     _bool(dummy, f"{src}.dummy")
     n = len(_list(s["request_ids"], f"{src}.request_ids"))
@@ -232,14 +233,14 @@ def _check_step(s, src: str, blocks: int, max_tokens: int, vocab: int, k: int, b
         if len(_list(s[key], f"{src}.{key}")) != n:
             raise BadInput(f"{src}.{key}: {len(s[key])} entries, but request_ids has {n}")
     for j, v in enumerate(s["request_ids"]):
-        _int(v, f"{src}.request_ids[{j}]", 0)
+        check_int(v, f"{src}.request_ids[{j}]", 0)
     for j, v in enumerate(s["slots"]):
         _slot(v, f"{src}.slots[{j}]", blocks)
     if len(set(s["slots"])) != n:
         raise BadInput(f"{src}.slots: duplicate slot {next(x for x in s['slots'] if s['slots'].count(x) > 1)} "
                        "(two requests of one step cannot share a state slot)")
     for j, v in enumerate(s["query_lens"]):
-        _int(v, f"{src}.query_lens[{j}]", 1, max_tokens)
+        check_int(v, f"{src}.query_lens[{j}]", 1, max_tokens)
     for j, v in enumerate(s["has_initial_state"]):
         _bool(v, f"{src}.has_initial_state[{j}]")
     toks = _list(s["token_ids"], f"{src}.token_ids")
@@ -248,11 +249,11 @@ def _check_step(s, src: str, blocks: int, max_tokens: int, vocab: int, k: int, b
     if len(toks) > max_tokens:
         raise BadInput(f"{src}.token_ids: {len(toks)} tokens in one step, more than max_tokens {max_tokens}")
     for j, v in enumerate(toks):
-        _int(v, f"{src}.token_ids[{j}]", 0, vocab - 1)
+        check_int(v, f"{src}.token_ids[{j}]", 0, vocab - 1)
     for j, v in enumerate(_list(s.get("live_slots", []), f"{src}.live_slots")):
         _slot(v, f"{src}.live_slots[{j}]", blocks)
     for j, v in enumerate(_list(s.get("finished", []), f"{src}.finished")):
-        _int(v, f"{src}.finished[{j}]", 0)
+        check_int(v, f"{src}.finished[{j}]", 0)
     for j, v in enumerate(_list(s.get("lagged", []), f"{src}.lagged")):
         if v not in s["request_ids"] or s["lagged"].index(v) != j:
             raise BadInput(f"{src}.lagged[{j}]: {json.dumps(v)[:40]} is not a request of this step, once")
@@ -262,7 +263,7 @@ def _check_step(s, src: str, blocks: int, max_tokens: int, vocab: int, k: int, b
         if len(_list(c, f"{src}.post_copies[{j}]")) != 4:
             raise BadInput(f"{src}.post_copies[{j}]: {len(c)} entries, not [dst, conv_src, conv_offset, ssm_src]")
         for m, v in enumerate(c):
-            _int(v, f"{src}.post_copies[{j}][{m}]", 0, k if m == 2 else blocks)
+            check_int(v, f"{src}.post_copies[{j}][{m}]", 0, k if m == 2 else blocks)
     _check_request_lists(s, src, n, blocks, k, bs)
 
 
@@ -277,7 +278,7 @@ def _check_request_lists(s: dict, src: str, n: int, blocks: int, k: int, bs: int
             raise BadInput(f"{src}.{key}: {len(s[key])} entries, but request_ids has {n}")
         lo, hi = bounds(k)
         for j, v in enumerate(s[key]):
-            _int(v, f"{src}.{key}[{j}]", lo, hi)
+            check_int(v, f"{src}.{key}[{j}]", lo, hi)
     if "num_computed" in s:
         for j, (c, h) in enumerate(zip(s["num_computed"], s["has_initial_state"])):
             if h != (c > 0):
@@ -298,7 +299,7 @@ def _check_request_lists(s: dict, src: str, n: int, blocks: int, k: int, bs: int
         if len(_list(row, f"{src}.blocks[{j}]")) != 1 + k:
             raise BadInput(f"{src}.blocks[{j}]: {len(row)} blocks, but a request holds 1+spec_tokens = {1 + k}")
         for m, v in enumerate(row):
-            _int(v, f"{src}.blocks[{j}][{m}]", 0, blocks)
+            check_int(v, f"{src}.blocks[{j}][{m}]", 0, blocks)
         if row[0] != s["slots"][j]:
             raise BadInput(f"{src}.blocks[{j}]: starts at {row[0]}, but slots[{j}] is {s['slots'][j]} "
                            "(a request's slot is its running block, the first)")
@@ -317,8 +318,8 @@ def _check_aligned_rows(s: dict, src: str, rows: list, n: int, blocks: int, k: i
     written = []
     for j, row in enumerate(rows):
         col, prev = s["state_cols"][j], s["prev_cols"][j]
-        _int(col, f"{src}.state_cols[{j}]", 0)
-        _int(prev, f"{src}.prev_cols[{j}]", -1, col)
+        check_int(col, f"{src}.state_cols[{j}]", 0)
+        check_int(prev, f"{src}.prev_cols[{j}]", -1, col)
         if "num_computed" in s and col != (s["num_computed"][j] + s["query_lens"][j] - 1) // bs:
             raise BadInput(f"{src}.state_cols[{j}]: {col}, but (num_computed + query_len - 1) // block_size is "
                            f"{(s['num_computed'][j] + s['query_lens'][j] - 1) // bs}")
@@ -326,7 +327,7 @@ def _check_aligned_rows(s: dict, src: str, rows: list, n: int, blocks: int, k: i
             raise BadInput(f"{src}.blocks[{j}]: {len(row)} blocks, but its running column {col} and {k} after it "
                            f"make {col + 1 + k}")
         for m, v in enumerate(row):
-            _int(v, f"{src}.blocks[{j}][{m}]", -1, blocks)
+            check_int(v, f"{src}.blocks[{j}][{m}]", -1, blocks)
         if row[col] != s["slots"][j]:
             raise BadInput(f"{src}.blocks[{j}]: column {col} is {row[col]}, but slots[{j}] is {s['slots'][j]} "
                            "(a request's slot is its running column's block)")
