@@ -14,6 +14,7 @@ from repro.knobs.modes import MODES, Runtime, mode_name, parse_mode
 from repro.errors import BadInput
 from repro.knobs.options import ControlRules, FirstChunk, UniformDecode
 from repro.knobs.stacks import stack
+from repro.control.shape import StepShape
 
 K = 2  # draft tokens a decode carries: a uniform decode query is 1+K = 3 tokens
 ROWS = 4 * (1 + K)  # `decode_cudagraph_max_bs` of 4 sequences and capture sizes up to 12 (`staging_rows`)
@@ -95,30 +96,30 @@ def test_configured_sizes_above_the_step_budget_are_dropped_as_vllm_drops_them()
     a 10-token step under [1, 2, 64] with a 16-token budget runs eagerly, it is not padded to 64."""
     assert configured_sizes((64, 1, 2, 2), 8, 16, 0) == (1, 2)
     assert configured_sizes(None, 8, 16, 0) == default_capture_sizes(8, 16, 0)
-    d = Dispatcher(parse_mode("piecewise"), configured_sizes((1, 2, 64), 8, 16, 0), 0, max_num_seqs=8)
+    d = Dispatcher(parse_mode("piecewise"), configured_sizes((1, 2, 64), 8, 16, 0), StepShape(0, 8))
     assert d.dispatch(10, False) == (Runtime.NONE, BatchDescriptor(10))
-    assert Dispatcher(parse_mode("full"), configured_sizes((64,), 8, 16, K), K, 8).keys == {}  # nothing to capture
+    assert Dispatcher(parse_mode("full"), configured_sizes((64,), 8, 16, K), StepShape(K, 8)).keys == {}  # nothing to capture
 
 
 def test_a_uniform_full_key_exists_for_n_times_1_plus_k_tokens():
-    d = Dispatcher(parse_mode("full_and_piecewise"), (1, 2, 4, 8, 16), K, max_num_seqs=8)
+    d = Dispatcher(parse_mode("full_and_piecewise"), (1, 2, 4, 8, 16), StepShape(K, 8))
     for n in (1, 2, 3):
         assert d.keys[BatchDescriptor(3 * n, n, True)] is Runtime.FULL
     assert BatchDescriptor(3) in d.keys and d.keys[BatchDescriptor(3)] is Runtime.PIECEWISE  # relaxed
 
 
 def test_dispatch_tries_the_exact_full_key_then_the_relaxed_piecewise_key_then_eager():
-    d = Dispatcher(parse_mode("full_and_piecewise"), (1, 2, 4, 8, 16), K, max_num_seqs=8)
+    d = Dispatcher(parse_mode("full_and_piecewise"), (1, 2, 4, 8, 16), StepShape(K, 8))
     assert d.dispatch(6, True) == (Runtime.FULL, BatchDescriptor(6, 2, True))
     assert d.dispatch(5, False) == (Runtime.PIECEWISE, BatchDescriptor(6))  # padded to 6, relaxed key
     assert d.dispatch(10, False) == (Runtime.NONE, BatchDescriptor(10))  # above the largest size
-    only = Dispatcher(parse_mode("full_decode_only"), (1, 2, 4, 8, 16), K, max_num_seqs=8)
+    only = Dispatcher(parse_mode("full_decode_only"), (1, 2, 4, 8, 16), StepShape(K, 8))
     assert only.dispatch(6, True)[0] is Runtime.FULL and only.dispatch(5, False) == (Runtime.NONE, BatchDescriptor(5))
-    assert Dispatcher(parse_mode("none"), (1, 2), 0, 8).dispatch(1, True) == (Runtime.NONE, BatchDescriptor(1))
+    assert Dispatcher(parse_mode("none"), (1, 2), StepShape(0, 8)).dispatch(1, True) == (Runtime.NONE, BatchDescriptor(1))
 
 
 def test_full_uniform_keys_stop_at_1_plus_k_times_max_num_seqs():
-    d = Dispatcher(parse_mode("full_and_piecewise"), (1, 2, 4, 8, 16), K, max_num_seqs=2)
+    d = Dispatcher(parse_mode("full_and_piecewise"), (1, 2, 4, 8, 16), StepShape(K, 2))
     assert BatchDescriptor(6, 2, True) in d.keys and BatchDescriptor(9, 3, True) not in d.keys
 
 

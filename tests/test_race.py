@@ -34,6 +34,7 @@ from repro.capture.race import device_delay
 from repro.graphs.poison import is_poison, poison_, poison_value
 from repro.capture.race import HostReadback
 from repro.capture.runner import GraphRunner
+from repro.control.shape import StepShape
 
 GPU_REASON = "needs an NVIDIA GPU (pytest --device cuda)"
 STREAM_HAZARDS = sorted((h.name, m) for h in hz.HAZARDS.values() if h.stream and "chain" in h.islands
@@ -317,7 +318,7 @@ def gpu(tiny_path, device):
 def _first_graphed_step(seq, mode):
     """The first step the runner replays a graph for, as it dispatches (`control.dispatch`): under
     full_and_piecewise a mixed step replays its PIECEWISE pieces, so that is usually step 0."""
-    d = Dispatcher(parse_mode(mode), DEFAULT_SIZES, 0, seq.num_slots)
+    d = Dispatcher(parse_mode(mode), DEFAULT_SIZES, StepShape(0, seq.num_slots))
     return next(b.step for b in seq.batches()
                 if d.dispatch(b.num_tokens, uniform_decode(UniformDecode.PAST_PROMPT, b.query_lens, b.is_prefilling(),
                                                            0))[0] is not Runtime.NONE)

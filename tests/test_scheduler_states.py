@@ -19,13 +19,14 @@ from repro.scheduler.sequence import Request, Sequence
 from repro.search.edges import RARE, Edges
 from repro.search.hunt import hunt
 from repro.search.strategies import space_for
+from repro.control.shape import StepShape
 
 FIXED = UniformDecode.PHASE_AWARE
 
 
 def _dispatcher(seq, mode="full_and_piecewise"):
     return Dispatcher(parse_mode(mode), default_capture_sizes(seq.num_slots, seq.max_tokens, seq.spec_tokens),
-                      seq.spec_tokens, seq.num_slots)
+                      StepShape.of(seq))
 
 
 def _edges(seq) -> Edges:
@@ -53,7 +54,7 @@ def test_a_budget_below_a_capture_size_pads_decodes_beside_a_parked_request():
     assert b.query_lens == [2, 2, 2] and b.drafts() == [1, 1, 1]
     parked = set(b.live_slots) - {x for row in b.block_rows() for x in row}
     assert parked, b.to_json()
-    runtime, desc = dispatch_step(_dispatcher(BUDGET), b, FIXED, 1)
+    runtime, desc = dispatch_step(_dispatcher(BUDGET), b, FIXED)
     assert runtime is Runtime.FULL and desc.num_tokens == 8 > b.num_tokens
     assert _edges(BUDGET).counts["full-pad:parked"]
     unbudgeted = Sequence(BUDGET.requests, num_slots=4, max_tokens=16, spec_tokens=1)
@@ -146,7 +147,7 @@ def test_a_rank_pads_to_the_size_and_mode_the_ranks_agree_on(peer, decode, dummy
     seq = _dp(peer)
     steps = seq.batches()
     d = _dispatcher(seq)
-    got = [(rt, desc.num_tokens) for rt, desc in (dispatch_step(d, b, FIXED, 2) for b in steps)]
+    got = [(rt, desc.num_tokens) for rt, desc in (dispatch_step(d, b, FIXED) for b in steps)]
     assert steps[1].query_lens == [3] and got[1] == decode
     assert steps[-1].dummy and got[-1] == dummy
 

@@ -15,6 +15,7 @@ from repro.control.builder import draft_counts
 from repro.knobs.options import ControlRules, UniformDecode
 from repro.knobs.modes import Runtime, parse_mode
 from repro.report import SCRIPT
+from repro.control.shape import StepShape
 from tests.scripts import module, report, run_script, template_module
 
 # the one-request sequence a blind hunt of vllm-0.33-mrv1 at K = 2 shrinks to: a 3-token prompt
@@ -56,7 +57,7 @@ def test_the_templates_dispatch_agrees_with_the_other_rank_as_the_suite_does():
     seen = collections.Counter()
     for name, k in product(("piecewise", "full_decode_only", "full_and_piecewise"), range(4)):
         sizes, q = dispatch.default_capture_sizes(4, 16, k), 1 + k
-        ours = dispatch.Dispatcher(parse_mode(name), sizes, k, 4)
+        ours = dispatch.Dispatcher(parse_mode(name), sizes, StepShape(k, 4))
         runner = types.SimpleNamespace(k=k, sizes=t.capture_sizes(sizes, t.MODES[name][0] == "full", k), max_num_seqs=4,
                                        opts={"control.uniform_decode": "shape"})
         runner.decode, runner.mixed = t.MODES[name]
@@ -68,7 +69,7 @@ def test_the_templates_dispatch_agrees_with_the_other_rank_as_the_suite_does():
             dummy = rng.random() < 0.15
             b = StepBatch([], [], [], [], [], dummy=True, dp_peer=peer) if dummy else StepBatch(
                 list(range(n)), list(range(1, n + 1)), lens, [True] * n, [1] * sum(lens), dp_peer=peer)
-            runtime, desc = dispatch.dispatch_step(ours, b, UniformDecode.SHAPE, k)
+            runtime, desc = dispatch.dispatch_step(ours, b, UniformDecode.SHAPE)
             st = b.to_json() | ({"dummy": True} if dummy else {})
             got = t.GraphRunner.dispatch(runner, st)
             assert (got[0], got[1]) == (name_of[runtime], desc.num_tokens), (name, k, st, runtime, desc)

@@ -22,6 +22,7 @@ from repro.knobs.stacks import stack
 from repro.scheduler.sequence import Request, Sequence
 from repro.upstream.patches import applied
 from repro.upstream.paths import why_not_drive
+from repro.control.shape import StepShape
 
 MISSING = why_not_drive()  # vLLM 0.33.0, whose model runners the control paths drive
 pytestmark = [pytest.mark.conformance, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
@@ -39,7 +40,7 @@ def _paths(source, tiny_path, block_size=None, patches=()):
 
 
 def _geometry(seq, k):
-    return FULL, None, k, seq.num_slots, seq.max_tokens, "cpu", 0, 0
+    return FULL, StepShape(k, seq.num_slots, seq.max_tokens), "cpu", 0, 0
 
 
 def _lists(meta):

@@ -34,6 +34,7 @@ from ..knobs.modes import DEFAULT_MODES
 from ..lockstep import Lockstep, LockstepResult, Phases, moe_copies, run_lockstep, run_moe_lockstep
 from ..model.tiny import default_checkpoint
 from ..search.hunt import hunt
+from ..control.shape import decode_len
 
 TARGET_STEPS_PER_S = 300  # the target: every island, real dimensions, B <= 8, one H200
 CASES = (("chain", "piecewise"), ("chain", "full"), ("submod0", "piecewise"), ("submod1", "piecewise"),
@@ -123,7 +124,7 @@ def lockstep_rates(model, provider, steps: int = 400, examples: int = 20, seed: 
     seqs = {0: default_sequence(seed, steps, vocab=model.cfg.vocab_size)}
     if spec_tokens:
         seqs[spec_tokens] = default_sequence(seed, steps, vocab=model.cfg.vocab_size, spec_tokens=spec_tokens,
-                                             max_tokens=seqs[0].max_tokens * (1 + spec_tokens))
+                                             max_tokens=seqs[0].max_tokens * decode_len(spec_tokens))
     runs = [(island, mode, k) for island, mode in cases for k in (seqs if island == "chain" else (0,))]
     out: dict = {"checkpoint": str(model.path), "device": device_name(provider), "provider": provider.name,
                  "steps": steps, "target_steps_per_s": TARGET_STEPS_PER_S,

@@ -30,6 +30,7 @@ from ..control.builder import Common, GDNMetadataBuilder, common_for, staging_ro
 from ..control.dispatch import BatchDescriptor, Dispatcher, configured_sizes, dispatch_step, prefilling
 from ..control.input_batch import InputBatch
 from ..control.meta import GDNMeta
+from ..control.shape import StepShape, decode_len
 from ..knobs.control import Control
 from ..knobs.modes import GraphMode, Runtime
 from ..knobs.options import ControlRules
@@ -55,30 +56,32 @@ class MirrorEagerPath:
     def metadata(self, batch, accepted=None, pad_rows: int = 0, size: int | None = None) -> GDNMeta:
         """The step's metadata at its own size, or with `pad_rows` null rows and `size` tokens (the
         shape a FULL replay of it has)."""
-        blocks = padded_blocks(block_rows(batch, 1 + self.k, self.null), pad_rows, self.null)
+        blocks = padded_blocks(block_rows(batch, decode_len(self.k), self.null), pad_rows, self.null)
         return self.builder.build(common_for(batch, blocks, pad_rows, size, accepted, self.builder.rules))
 
 
 class MirrorPath:
     """The replay copy's control path from the mirror (module docstring): `repro.control`'s
-    dispatcher, persistent batch and builder under `rules`. `sizes`: the capture list asked for
-    (sizes above the `max_tokens` step budget dropped; None: vLLM's default list for `max_num_seqs`
-    requests and that budget); `pad`: what the builder's staging writes past the live rows (None:
+    dispatcher, persistent batch and builder under `rules`, for the step shape `shape` (its capture
+    sizes: those asked for, each at most its step budget; none asked: vLLM's default list for its
+    `max_num_seqs` and budget); `pad`: what the builder's staging writes past the live rows (None:
     nothing)."""
 
     source = "mirror"
 
-    def __init__(self, rules: ControlRules, mode: GraphMode, sizes, spec_tokens: int, max_num_seqs: int,
-                 max_tokens: int, device, sentinel: int, pad: int | None):
-        self.rules, self.k, self.null, self.mode = rules, spec_tokens, sentinel, mode
+    def __init__(self, rules: ControlRules, mode: GraphMode, shape: StepShape, device, sentinel: int,
+                 pad: int | None):
+        self.rules, self.k, self.null, self.mode = rules, shape.spec_tokens, sentinel, mode
         # sizes above the step budget dropped, as vLLM drops them; none configured: vLLM's default list
-        sizes = configured_sizes(sizes, max_num_seqs, max_tokens, spec_tokens, rules.decode_capture_sizes)
-        self.dispatcher = Dispatcher(mode, sizes, spec_tokens, max_num_seqs)
+        sizes = configured_sizes(shape.sizes, shape.max_num_seqs, shape.max_tokens, shape.spec_tokens,
+                                 rules.decode_capture_sizes)
+        self.dispatcher = Dispatcher(mode, sizes, shape)
         self.sizes = self.dispatcher.sizes
-        rows = max(max_num_seqs, max(self.sizes, default=1))
-        self.input_batch = InputBatch(rows, 1 + spec_tokens, sentinel, rules)
-        self.builder = GDNMetadataBuilder(spec_tokens, staging_rows(max_num_seqs, self.sizes, spec_tokens), device,
-                                          full_graphs=mode.has(Runtime.FULL), pad=pad, rules=rules)
+        rows = max(shape.max_num_seqs, max(self.sizes, default=1))
+        self.input_batch = InputBatch(rows, shape.decode_len, sentinel, rules)
+        self.builder = GDNMetadataBuilder(shape.spec_tokens, staging_rows(shape.max_num_seqs, self.sizes,
+                                                                          shape.spec_tokens),
+                                          device, full_graphs=mode.has(Runtime.FULL), pad=pad, rules=rules)
 
     def update(self, batch) -> None:
         """`_update_states`: the persistent batch's rows for this step (`control.input_batch`)."""
@@ -89,7 +92,7 @@ class MirrorPath:
         """The step's runtime mode and graph key (`_determine_batch_execution_and_padding`); a dummy
         step's as `_dummy_run(1+k, uniform_decode=True)` forces it; agreed with the other
         data-parallel rank's batch where the step names it (`dispatch_step`)."""
-        return dispatch_step(self.dispatcher, batch, self.rules.uniform_decode, self.k)
+        return dispatch_step(self.dispatcher, batch, self.rules.uniform_decode)
 
     def refusal(self, batch, runtime: Runtime, desc: BatchDescriptor) -> str | None:
         """vLLM PR #55123's replay-side assertion, where the rules have it: a FULL dispatch of a batch
@@ -113,7 +116,7 @@ class MirrorPath:
     def capture_metadata(self, desc: BatchDescriptor) -> GDNMeta:
         """`build_for_cudagraph_capture` over all-zero (null) block-table rows, as at capture."""
         q = np.full(desc.num_reqs, desc.num_tokens // desc.num_reqs, dtype=np.int32)
-        blocks = np.full((desc.num_reqs, 1 + self.k), self.null, dtype=np.int32)
+        blocks = np.full((desc.num_reqs, self.dispatcher.q), self.null, dtype=np.int32)
         return self.builder.build_for_capture(Common(q, q, q > 0, q - 1, q, blocks, desc.num_tokens))
 
     def dummy(self, desc: BatchDescriptor) -> None:
@@ -126,7 +129,7 @@ class MirrorPath:
             ib.commit(desc.num_reqs)
         if self.rules.dummy_restages:
             q = np.zeros(desc.num_reqs, dtype=np.int32)
-            q[0] = 1 + self.k
+            q[0] = self.dispatcher.q
             self.builder.build_for_capture(Common(q, q, q > 0, q - 1, q, ib.committed[:desc.num_reqs],
                                                   desc.num_tokens))
 
@@ -151,9 +154,8 @@ class MirrorPaths:
     def __exit__(self, *exc) -> None:
         return None
 
-    def graph(self, mode: GraphMode, sizes, spec_tokens: int, max_num_seqs: int, max_tokens: int, device,
-              sentinel: int, pad: int | None) -> MirrorPath:
-        return MirrorPath(self.rules, mode, sizes, spec_tokens, max_num_seqs, max_tokens, device, sentinel, pad)
+    def graph(self, mode: GraphMode, shape: StepShape, device, sentinel: int, pad: int | None) -> MirrorPath:
+        return MirrorPath(self.rules, mode, shape, device, sentinel, pad)
 
     def eager(self, spec_tokens: int, device, sentinel: int) -> MirrorEagerPath:
         return MirrorEagerPath(spec_tokens, device, sentinel, self.rules)

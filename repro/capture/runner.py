@@ -37,6 +37,7 @@ from ..control.batch import StepBatch, StepInputs
 from ..control.dispatch import DEFAULT_SIZES, BatchDescriptor
 from ..knobs.modes import GraphMode, Runtime, parse_mode
 from ..control.prefix import copy_states, forward_copies
+from ..control.shape import StepShape
 from ..errors import ReplayRefused
 from ..graphs.lint import LintSchedule
 from ..islands.gdn import Submod0, Submod1
@@ -104,8 +105,9 @@ class GraphRunner:
         self.copy, self.provider, self.opts, self.rules = copy, provider, opts, rules
         self.k, self.sentinel = copy.spec_tokens, copy.cache.sentinel
         self.paths = paths if paths is not None else MirrorPaths(rules)
-        self.path = self.paths.graph(parse_mode(mode) if isinstance(mode, str) else mode, sizes, self.k, max_num_seqs,
-                                max_tokens, copy.device, self.sentinel, pad_value(opts.pad, self.sentinel))
+        shape = StepShape(self.k, max_num_seqs, max_tokens, sizes)
+        self.path = self.paths.graph(parse_mode(mode) if isinstance(mode, str) else mode, shape, copy.device,
+                                     self.sentinel, pad_value(opts.pad, self.sentinel))
         self.mode, self.sizes = self.path.mode, self.path.sizes
         self.inputs = StaticInputs(max(max_tokens, max(self.sizes, default=1)), copy.device, self.sentinel)
         self.pool = provider.new_pool("shared")

@@ -30,6 +30,7 @@ from ..graphs import make_provider
 from ..islands.forced_comm import load_slice
 from ..capture.slice import SliceRunner
 from ..islands.forced_comm import Communicator, ForcedComm, eager_all_reduce_probe, resolve_comm_dtype
+from ..control.shape import decode_len
 
 class _Progress:
     """Where this rank is, in a file the parent reads when something goes wrong."""
@@ -181,7 +182,7 @@ def _run_case(rank, ci, case: CommCase, weights, provider, group, control, spec,
                     got, want = eager_all_reduce_probe(group, step, hidden, dev)
                     found = found if found is not None else _diff(k, step, "eager_all_reduce", rank, want, got)
                 clock.add(runner.captures, t1 - t0, t2 - t1)
-                done = k + 1
+                done = decode_len(k)
                 progress.mark(phase="compare")
                 flag.fill_(0 if found is None else 1)
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=control)

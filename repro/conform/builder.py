@@ -27,6 +27,7 @@ from ..upstream.dispatch import Dispatcher
 from .dispatch import mirror_dispatcher
 from .explain import builder_difference
 from .result import RuleResult
+from ..control.shape import decode_len
 
 RULES = {
     "gdn builder": ("v1/attention/backends/gdn_attn.py: GDNAttentionMetadataBuilder.build, "
@@ -52,7 +53,7 @@ class ControlPath:
         self.theirs = Builder(up, cfg)
         self.dispatcher = mirror_dispatcher(case, rules)
         sizes = self.dispatcher.sizes
-        self.input_batch = InputBatch(max(case.max_num_seqs, max(sizes, default=1)), 1 + self.k, 0, rules)
+        self.input_batch = InputBatch(max(case.max_num_seqs, max(sizes, default=1)), decode_len(self.k), 0, rules)
         self.ours = GDNMetadataBuilder(self.k, staging_rows(case.max_num_seqs, sizes, self.k), "cpu",
                                        full_graphs=parse_mode(case.mode).has(Runtime.FULL), pad=0, rules=rules)
         self.captured: set = set()
@@ -100,7 +101,7 @@ class ControlPath:
             return
         self.captured.add(desc)
         q = np.full(desc.num_reqs, desc.num_tokens // desc.num_reqs, dtype=np.int32)
-        blocks = np.zeros((desc.num_reqs, 1 + self.k), dtype=np.int32)
+        blocks = np.zeros((desc.num_reqs, decode_len(self.k)), dtype=np.int32)
         self._compare(result, lambda: f"capture of {desc} (step {step}) under {self.case.label()}",
                       Common(q, q, q > 0, q - 1, q, blocks, desc.num_tokens), capture=True)
 
@@ -114,7 +115,7 @@ class ControlPath:
         k, rules, ib = self.k, self.rules, self.input_batch
         ib.update(list(zip(b.request_ids, b.block_rows())), b.block_size is not None, set(b.finished))
         if b.dummy:
-            runtime, desc = self.dispatcher.dispatch(1 + k, True)
+            runtime, desc = self.dispatcher.dispatch(decode_len(k), True)
         else:
             uniform = uniform_decode(rules.uniform_decode, b.query_lens, prefilling(rules.uniform_decode, b), k)
             runtime, desc = self.dispatcher.dispatch(b.num_tokens, uniform)
@@ -127,7 +128,7 @@ class ControlPath:
                     ib.commit(desc.num_reqs)
                 if rules.dummy_restages:
                     q = np.zeros(desc.num_reqs, dtype=np.int32)
-                    q[0] = 1 + k
+                    q[0] = decode_len(k)
                     self._compare(result, lambda: f"dummy {label()}",
                                   Common(q, q, q > 0, q - 1, q, ib.committed[:desc.num_reqs], desc.num_tokens),
                                   capture=True)

@@ -23,6 +23,7 @@ from ..control.input_batch import InputBatch as Mirror
 from ..upstream.config import vllm_config
 from ..upstream.input_batch import InputBatch
 from .result import RuleResult
+from ..control.shape import decode_len
 
 RULES = {
     "input batch": ("v1/worker/gpu_input_batch.py: InputBatch.add_request, remove_request, condense; "
@@ -57,7 +58,7 @@ def update(theirs: InputBatch, scheduled, seen: set) -> None:
 
 def compare_sequence(up, case, seq, rules, out: dict[str, RuleResult]) -> None:
     theirs = InputBatch(up, vllm_config(up, case))
-    ours = Mirror(case.max_num_seqs, 1 + case.spec_tokens, 0, rules)
+    ours = Mirror(case.max_num_seqs, decode_len(case.spec_tokens), 0, rules)
     r, seen = out["input batch"], set()
 
     def check(call: str) -> None:

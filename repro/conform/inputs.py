@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from ..search.strategies import sequences
 from ..upstream.case import Case
+from ..control.shape import decode_len
 
 MODES = ("none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
 PRODUCTION_SEQS = (64, 128, 256, 512, 1024)
@@ -42,7 +43,7 @@ def draw(strategy, n: int, seed: int = 0) -> list:
 def cases_st(draw_, modes=MODES, max_k: int = 4, block_size: bool = False):
     """A runner configuration (module docstring); `block_size` adds prefix caching's block size."""
     k = draw_(st.integers(0, max_k))
-    q = 1 + k
+    q = decode_len(k)
     seqs = draw_(st.one_of(st.integers(1, 12), st.sampled_from(PRODUCTION_SEQS)))
     edge = [x for x in {q - 1, q, q + 1, 2 * q, seqs * q - 1, seqs * q, seqs * q + 1, 2 * seqs * q} if 0 < x <= 2048]
     sizes = draw_(st.one_of(

@@ -32,6 +32,7 @@ import torch
 from ..knobs.options import ControlRules, FirstChunk
 from .meta import GDNMeta
 from .prefix import state_block_columns
+from .shape import decode_len
 
 
 @dataclass
@@ -51,8 +52,8 @@ class Common:
         """Each row's 1+k state indices (`mamba_get_block_table_tensor`): the first 1+k columns, or
         with a block size the 1+k from the running column (`control.prefix.state_block_columns`)."""
         if self.block_size is None:
-            return self.blocks[:, :1 + k]
-        return state_block_columns(self.blocks, self.num_computed + self.query_lens, 1 + k, self.block_size)
+            return self.blocks[:, :decode_len(k)]
+        return state_block_columns(self.blocks, self.num_computed + self.query_lens, decode_len(k), self.block_size)
 
 
 def draft_counts(query_lens, drafts, computed, prompts, rules: ControlRules = ControlRules()) -> np.ndarray:
@@ -88,7 +89,7 @@ def staging_rows(max_num_seqs: int, sizes, spec_tokens: int) -> int:
     persistent buffers and the limit of both staging branches, on rows and on spec tokens alike:
     `max_num_seqs * (1+k)`, capped by the largest capture size after the spec rounding (`sizes`: the
     runner's, `Dispatcher.sizes`; none: nothing caps it)."""
-    rows = max_num_seqs * (1 + spec_tokens)
+    rows = max_num_seqs * decode_len(spec_tokens)
     return min(rows, max(sizes)) if len(sizes) else rows
 
 
@@ -129,7 +130,7 @@ class GDNMetadataBuilder:
                  rules: ControlRules = ControlRules()):
         self.k, self.full_graphs, self.pad, self.rules = spec_tokens, full_graphs, pad, rules
         self.device = torch.device(device)
-        d, q = max_rows, 1 + spec_tokens
+        d, q = max_rows, decode_len(spec_tokens)
         i32 = dict(dtype=torch.int32, device=self.device)
         self.max_rows = d
         # persistent buffers: `torch.empty` in vLLM; zeros here, so a run is a pure function of its seed
@@ -196,7 +197,7 @@ class GDNMetadataBuilder:
         if np_ == 0 and nd == 0:
             # the spec rows' tokens in order, `min(num_spec_decodes * (1+k), tokens)` of them (what the XPU
             # kernel is handed; the CUDA kernels do not read it)
-            order = np.arange(min(ns * (1 + self.k), spec_tokens))
+            order = np.arange(min(ns * decode_len(self.k), spec_tokens))
             if self.full_graphs and ns <= self.max_rows and spec_tokens <= self.max_rows:  # `_stage_spec_decode`
                 self._stage(self.spec_state_indices, spec_idx, rows, self.pad)
                 self._stage_qsl(self.spec_query_start_loc, spec_qsl, rows)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 
 from ..knobs.options import UniformDecode
 from ..knobs.modes import GraphMode, Runtime
+from .shape import StepShape, decode_len
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16)  # vLLM's default list for 8 requests and a 16-token step budget at K = 0
 PLATFORM_CEILING = 512  # `default_max_graph_size` (1024 only on compute capability 10.x)
@@ -53,7 +54,7 @@ def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, spec_t
     sizes n * (1+k) for request counts n on the same grid up to max_num_seqs (with k = 0:
     max_num_seqs alone), each within both ceilings. A FULL decode mode with k > 0 then rounds these
     (`capture_sizes`)."""
-    q = 1 + spec_tokens
+    q = decode_len(spec_tokens)
     ceiling = min(max_num_seqs * q * 2, PLATFORM_CEILING)
     if q > 1:
         reqs = min(max_num_seqs, PLATFORM_CEILING)
@@ -113,7 +114,7 @@ def uniform_decode(rule: UniformDecode, query_lens, prefilling, spec_tokens: int
     #47123's rule is the past-prompt test here too."""
     if not query_lens:
         return False
-    q = 1 + spec_tokens
+    q = decode_len(spec_tokens)
     shape = max(query_lens) == q and sum(query_lens) == q * len(query_lens)
     if rule is UniformDecode.SHAPE:
         return shape
@@ -123,7 +124,7 @@ def uniform_decode(rule: UniformDecode, query_lens, prefilling, spec_tokens: int
 def capture_sizes(sizes, mode: GraphMode, spec_tokens: int) -> tuple[int, ...]:
     """The capture sizes the runner uses (`adjust_cudagraph_sizes_for_spec_decode`, module docstring)."""
     sizes = tuple(sorted(set(sizes)))
-    q = 1 + spec_tokens
+    q = decode_len(spec_tokens)
     if mode.decode is not Runtime.FULL or q == 1 or not sizes:
         return sizes
     top = max(sizes)
@@ -132,11 +133,14 @@ def capture_sizes(sizes, mode: GraphMode, spec_tokens: int) -> tuple[int, ...]:
 
 
 class Dispatcher:
-    """The graph keys one runner holds and the key each step replays (module docstring)."""
+    """The graph keys one runner holds and the key each step replays (module docstring), for a step
+    shape's K and `max_num_seqs`; `sizes`: the capture list before the spec rounding."""
 
-    def __init__(self, mode: GraphMode, sizes, spec_tokens: int, max_num_seqs: int):
-        self.mode, self.q, self.max_num_seqs = mode, 1 + spec_tokens, max_num_seqs
-        self.sizes = capture_sizes(sizes, mode, spec_tokens)
+    def __init__(self, mode: GraphMode, sizes, shape: StepShape):
+        self.mode, self.shape = mode, shape
+        self.q, self.max_num_seqs = shape.decode_len, shape.max_num_seqs
+        self.sizes = capture_sizes(sizes, mode, shape.spec_tokens)
+        max_num_seqs = shape.max_num_seqs
         self.keys: dict[BatchDescriptor, Runtime] = {}
         if mode.mixed is not Runtime.NONE:
             for s in self.sizes:
@@ -186,15 +190,15 @@ class Dispatcher:
         return self.dispatch(size, uniform, (agreed,))
 
 
-def dispatch_step(dispatcher: Dispatcher, batch, rule: UniformDecode, spec_tokens: int) -> tuple[Runtime,
-                                                                                               BatchDescriptor]:
+def dispatch_step(dispatcher: Dispatcher, batch, rule: UniformDecode) -> tuple[Runtime, BatchDescriptor]:
     """How a runner dispatches one step (module docstring): a dummy step as a uniform decode of 1+k
     tokens, any other by `rule`'s uniform-decode decision, each coordinated with the other
     data-parallel rank's batch when the step names it."""
     if batch.dummy:
-        tokens, uniform = 1 + spec_tokens, True
+        tokens, uniform = dispatcher.q, True
     else:
-        tokens, uniform = batch.num_tokens, uniform_decode(rule, batch.query_lens, prefilling(rule, batch), spec_tokens)
+        tokens, uniform = batch.num_tokens, uniform_decode(rule, batch.query_lens, prefilling(rule, batch),
+                                                           dispatcher.shape.spec_tokens)
     own = dispatcher.dispatch(tokens, uniform)
     peer = getattr(batch, "dp_peer", None)
     return own if peer is None else dispatcher.coordinate(own, tokens, uniform, peer)

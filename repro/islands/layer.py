@@ -14,6 +14,7 @@ from ..model.weights import HeadWeights, LayerWeights
 from ..control.meta import GDNMeta
 from .gdn import CanaryHead, GDNCore, StateCache, Submod0, Submod1
 from .moe import MoEBlock
+from ..control.shape import decode_len
 
 
 class LayerCopy:
@@ -26,7 +27,7 @@ class LayerCopy:
         self.cfg, self.device = cfg, torch.device(device)
         # a request holds 1+k state blocks (the running one and one per draft token)
         self.spec_tokens = spec_tokens
-        self.cache = StateCache(cfg, num_slots * (1 + spec_tokens), device, tp_size=tp_size, sentinel=sentinel,
+        self.cache = StateCache(cfg, num_slots * decode_len(spec_tokens), device, tp_size=tp_size, sentinel=sentinel,
                                 spec_tokens=spec_tokens)
         self.submod0 = Submod0(cfg, layer, head, tp_size)
         self.gdn_core = GDNCore(cfg, layer, self.cache, tp_size)

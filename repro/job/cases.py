@@ -24,6 +24,7 @@ from .results import Case, CaseResult
 from .steps import case_steps, copy_slots
 from .triggers import reached
 from ..scheduler.sequence import Request, Sequence
+from ..control.shape import decode_len
 
 # What a default run covers: the chain, each chain island isolated, and the moe island alone.
 DEFAULT_ISLANDS = ("chain", "submod0", "submod1", "gdn_core", "moe")
@@ -199,13 +200,13 @@ def request_stream(seed: int, max_prompt: int = 8, max_decode: int = 24, spec_to
             t += rng.randint(*IDLE_PAUSE)
         prompt, decode = rng.randint(1, max_prompt), rng.randint(1, max_decode)
         if spec_tokens and rng.random() < EDGE_PROMPTS:
-            prompt = 1 + spec_tokens  # a prompt of a decode's shape: the uniform-decode rule's edge
+            prompt = decode_len(spec_tokens)  # a prompt of a decode's shape: the uniform-decode rule's edge
         preempt = rng.choice([None, None, None, rng.randint(1, 4)])
-        accept = [rng.randint(1, 1 + spec_tokens) for _ in range(ACCEPT_CYCLE)] if spec_tokens else None
+        accept = [rng.randint(1, decode_len(spec_tokens)) for _ in range(ACCEPT_CYCLE)] if spec_tokens else None
         prefix_of, prefix_len = None, 0
         if block_size:
             if rng.random() < ALIGNED_PROMPTS:
-                prompt = max(1, rng.randint(1, 3) * block_size + 1 + spec_tokens + rng.choice((-1, 0, 1)))
+                prompt = max(1, rng.randint(1, 3) * block_size + decode_len(spec_tokens) + rng.choice((-1, 0, 1)))
             if rid and rng.random() < SHARED_PREFIX:
                 prefix_of = rng.randint(max(0, rid - PREFIX_REACH), rid - 1)
                 prefix_len = min(prompts[prefix_of], prompt)
@@ -230,7 +231,7 @@ def scheduler_settings(seed: int, spec_tokens: int = 0, data_parallel: bool = Fa
     data-parallel rank the other rank's batches (idle, uniform decodes or a mixed batch)."""
     if not (spec_tokens or data_parallel):
         return {}
-    rng, q = random.Random(f"scheduler settings {seed}"), 1 + spec_tokens
+    rng, q = random.Random(f"scheduler settings {seed}"), decode_len(spec_tokens)
     out: dict = {}
     if rng.random() < SETTING_DRAWN:  # under a batch twice the budget, whose capture sizes reach past it
         # whole decodes: a step of the decodes that fit is uniform, and the rest are parked beside it

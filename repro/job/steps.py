@@ -17,6 +17,7 @@ from ..scheduler.sequence import Sequence
 from ..scheduler.tokens import draft, token
 from ..upstream.load import load
 from ..upstream.schedule import schedule
+from ..control.shape import decode_len
 
 
 def case_steps(case, seq: Sequence, usable=None) -> list[StepBatch]:
@@ -36,4 +37,4 @@ def copy_slots(seq: Sequence, batches: list[StepBatch]) -> int:
     """The `num_slots` a layer copy needs for `batches`: the sequence's own, or more where a step
     holds a larger block id (vLLM's pool: block b needs ceil(b / (1+K)) slots of 1+K blocks)."""
     top = max((b for s in batches for row in s.block_rows() for b in row), default=0)
-    return max(seq.copy_slots(), -(-top // (1 + seq.spec_tokens)))
+    return max(seq.copy_slots(), -(-top // decode_len(seq.spec_tokens)))

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..control.builder import common_for, decode_rows
 from ..control.dispatch import Dispatcher, dispatch_step
+from ..control.shape import StepShape
 from ..knobs.modes import Runtime, parse_mode
 from ..knobs import hazards as hz
 
@@ -44,9 +45,9 @@ def _dispatched(batches, mode: str, sizes, hazards, repairs, spec_tokens: int, m
     """(index, batch, runtime, padded token count) of every step, as the replay copy's runner
     dispatches it."""
     rule = hz.options_for(hazards, repairs).control.uniform_decode
-    d = Dispatcher(parse_mode(mode), sizes, spec_tokens, max_num_seqs)
+    d = Dispatcher(parse_mode(mode), sizes, StepShape(spec_tokens, max_num_seqs))
     for i, b in enumerate(batches):
-        runtime, desc = dispatch_step(d, b, rule, spec_tokens)
+        runtime, desc = dispatch_step(d, b, rule)
         yield i, b, runtime, desc.num_tokens
 
 

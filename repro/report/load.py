@@ -12,6 +12,7 @@ from ..model.config import GDN, ConfigError
 from ..job.results import Case
 from ..scheduler.sequence import Sequence
 from .schema import check_document
+from ..control.shape import decode_len
 
 
 def load_result(path) -> dict:
@@ -121,7 +122,7 @@ def steps_that_ran(doc: dict, r: dict, sentinel: int | None):
     if r["diverged"]:
         k = next((i for i, s in enumerate(chosen) if s.get("step") == r["first_divergence"]["step"]), None)
         if k is not None:
-            chosen = chosen[:k + 1]
+            chosen = chosen[:decode_len(k)]
     # the settings the steps were made with: a replay at another K or block size is another run
     out = {k: seqj[k] for k in _RERUN_KEYS if k in seqj and (seqj[k] or k in ("num_slots", "max_tokens", "vocab", "seed"))}
     used = {rid for s in chosen for rid in s["request_ids"]}

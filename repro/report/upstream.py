@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..control.shape import StepShape
 from ..io import dumps, install_dir, staging_dir
 from ..job.results import Case
 from ..job.steps import case_steps
@@ -69,7 +70,7 @@ def trace_of(doc: dict) -> tuple[list[dict], Sequence]:
     ctl = control_of(doc)
     steps = case_steps(Case("chain", r["mode"], spec_tokens=seq.spec_tokens, control=ctl), seq)
     with VllmPaths(ctl, Path(doc["checkpoint"]), seq.block_size) as paths:
-        path = paths.graph(parse_mode(r["mode"]), None, seq.spec_tokens, seq.num_slots, seq.max_tokens, "cpu", 0, 0)
+        path = paths.graph(parse_mode(r["mode"]), StepShape.of(seq), "cpu", 0, 0)
         return decisions(path, steps), seq
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import BadInput
+from ..control.shape import decode_len
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class SchedulerConfig:
         """A budget that holds one decode and is not above max_num_batched_tokens (vLLM asserts the
         scheduled tokens fit the batch), and a threshold that never cuts a decode: this scheduler
         schedules a decode's 1+K tokens whole (vLLM would cut its drafts)."""
-        q = 1 + spec_tokens
+        q = decode_len(spec_tokens)
         n = self.max_num_scheduled_tokens
         if n is not None and not q <= n <= max_num_batched_tokens:
             raise BadInput(f"{source}: max_num_scheduled_tokens {n} is out of range {q}..{max_num_batched_tokens} "

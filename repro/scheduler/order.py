@@ -14,6 +14,7 @@ context); a row already in its region stays, the others move into the misplaced 
 order. The swaps persist into the next step.
 """
 from __future__ import annotations
+from ..control.shape import decode_len
 
 
 def region(computed: int, query: int, prompt: int, threshold: int) -> int:
@@ -29,7 +30,7 @@ class RowOrder:
     """The runner's rows, a request id or None (a hole) each."""
 
     def __init__(self, spec_tokens: int):
-        self.threshold = 1 + spec_tokens
+        self.threshold = decode_len(spec_tokens)
         self.rows: list[int | None] = []
 
     def step(self, scheduled, finished=(), resumed=()) -> list[int]:

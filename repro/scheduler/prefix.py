@@ -34,6 +34,7 @@ from collections import deque
 
 from ..control.prefix import running_column
 from ..errors import BadInput
+from ..control.shape import decode_len
 
 MAX_BLOCK_SIZE = 1024
 ALIGN_BLOCKS = 3  # state blocks a request slot adds to the pool with a block size: running, copy source, cached
@@ -192,14 +193,14 @@ class AlignedBlocks:
         r.prev = r.run_col if r.run_col >= 0 else running_column(r.num_computed, bs)
         # last step's speculative blocks behind the new running column move into the new window
         # (`_relocate_speculative_block`: scratch blocks, never cached), before any new block
-        moved = [r.cols.pop(j) for j in range(r.run_col + 1, r.run_col + 1 + k) if j < curr and j in r.cols] \
+        moved = [r.cols.pop(j) for j in range(r.run_col + 1, r.run_col + decode_len(k)) if j < curr and j in r.cols] \
             if r.run_col >= 0 else []
-        for col in range(curr, curr + 1 + k):
+        for col in range(curr, curr + decode_len(k)):
             if col not in r.cols:
                 r.cols[col] = moved.pop(0) if moved else self.pool.take()
         assert not moved, "a window needs as many new blocks as speculative ones it left behind, plus one"
         r.col = curr
-        r.blocks = [r.cols.get(j, self.null) for j in range(curr + 1 + k)]
+        r.blocks = [r.cols.get(j, self.null) for j in range(curr + decode_len(k))]
 
     def _retire(self, r, kept: int) -> None:
         """The columns before the block of the last of `kept` tokens are let go, all but the

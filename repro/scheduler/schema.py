@@ -9,6 +9,7 @@ from ..knobs.stacks import STACKS
 from .config import SchedulerConfig
 from .prefix import ALIGN_BLOCKS, MAX_BLOCK_SIZE, check_block_size
 from .scheduler import MAX_SPEC_TOKENS
+from ..control.shape import decode_len
 
 _REQ = {"rid": (int,), "prompt_len": (int,), "decode_steps": (int,), "arrive": (int,), "preempt_after": (int, None),
         "accept": (list, None), "prefix_of": (int, None), "prefix_len": (int,)}
@@ -16,8 +17,8 @@ _STEP = ("step", "request_ids", "slots", "query_lens", "has_initial_state", "tok
 # Per-request lists a step may carry beyond the first five (`StepBatch`), each entry's range as a
 # function of K: num_accepted is 1..1+K, draft_lens 0..K.
 _PER_REQUEST = {"num_computed": lambda k: (0, None), "prompt_lens": lambda k: (1, None), "prefill_lens": lambda k: (1, None),
-                "draft_lens": lambda k: (0, k), "num_accepted": lambda k: (1, 1 + k),
-                "num_output_placeholders": lambda k: (0, 1 + k)}
+                "draft_lens": lambda k: (0, k), "num_accepted": lambda k: (1, decode_len(k)),
+                "num_output_placeholders": lambda k: (0, decode_len(k))}
 _STEP_OPTIONAL = ("live_slots", *_PER_REQUEST, "blocks", "finished", "dummy", "block_size", "state_cols", "prev_cols",
                   "post_copies", "lagged", "dp_peer")
 MAX_SLOTS = 4096
@@ -90,8 +91,8 @@ def check_json(d, source: str = "sequence") -> None:
         check_block_size(bs, k)
     except BadInput as e:
         raise BadInput(f"{source}: {e}") from None
-    if max_tokens < 1 + k:
-        raise BadInput(f"{source}: max_tokens {max_tokens} cannot hold one decode of 1+spec_tokens = {1 + k} tokens")
+    if max_tokens < decode_len(k):
+        raise BadInput(f"{source}: max_tokens {max_tokens} cannot hold one decode of 1+spec_tokens = {decode_len(k)} tokens")
     if d.get("tail_dummies", 0) and not d.get("data_parallel", False):
         raise BadInput(f"{source}: tail_dummies {d['tail_dummies']} needs data_parallel (only an idle "
                        "data-parallel rank runs dummy steps)")
@@ -148,7 +149,7 @@ def _check_peer(p, src: str, d: dict, max_tokens: int, k: int, num_slots: int) -
         raise BadInput(f"{src}: {len(p)} entries, not [num_tokens, uniform]")
     check_int(p[0], f"{src}[0]", 0, max_tokens)
     _bool(p[1], f"{src}[1]")
-    q = 1 + k
+    q = decode_len(k)
     if p[0] == 0 and not p[1]:
         raise BadInput(f"{src}: [0, false], but an idle rank's dummy run is a uniform decode: [0, true]")
     if p[0] and p[1] and (p[0] % q or p[0] // q > num_slots):
@@ -208,7 +209,7 @@ def _check_request(r, src: str, max_tokens: int, k: int) -> None:
         if not _list(r["accept"], f"{src}.accept"):
             raise BadInput(f"{src}.accept: empty (leave it out, or null, to keep every draft)")
         for j, v in enumerate(r["accept"]):
-            check_int(v, f"{src}.accept[{j}]", 1, 1 + k)
+            check_int(v, f"{src}.accept[{j}]", 1, decode_len(k))
 
 
 def _check_step(s, src: str, blocks: int, max_tokens: int, vocab: int, k: int, bs: int | None = None) -> None:
@@ -296,8 +297,8 @@ def _check_request_lists(s: dict, src: str, n: int, blocks: int, k: int, bs: int
         _check_aligned_rows(s, src, rows, n, blocks, k, bs)
         return
     for j, row in enumerate(rows):
-        if len(_list(row, f"{src}.blocks[{j}]")) != 1 + k:
-            raise BadInput(f"{src}.blocks[{j}]: {len(row)} blocks, but a request holds 1+spec_tokens = {1 + k}")
+        if len(_list(row, f"{src}.blocks[{j}]")) != decode_len(k):
+            raise BadInput(f"{src}.blocks[{j}]: {len(row)} blocks, but a request holds 1+spec_tokens = {decode_len(k)}")
         for m, v in enumerate(row):
             check_int(v, f"{src}.blocks[{j}][{m}]", 0, blocks)
         if row[0] != s["slots"][j]:
@@ -323,9 +324,9 @@ def _check_aligned_rows(s: dict, src: str, rows: list, n: int, blocks: int, k: i
         if "num_computed" in s and col != (s["num_computed"][j] + s["query_lens"][j] - 1) // bs:
             raise BadInput(f"{src}.state_cols[{j}]: {col}, but (num_computed + query_len - 1) // block_size is "
                            f"{(s['num_computed'][j] + s['query_lens'][j] - 1) // bs}")
-        if len(_list(row, f"{src}.blocks[{j}]")) != col + 1 + k:
+        if len(_list(row, f"{src}.blocks[{j}]")) != col + decode_len(k):
             raise BadInput(f"{src}.blocks[{j}]: {len(row)} blocks, but its running column {col} and {k} after it "
-                           f"make {col + 1 + k}")
+                           f"make {col + decode_len(k)}")
         for m, v in enumerate(row):
             check_int(v, f"{src}.blocks[{j}][{m}]", -1, blocks)
         if row[col] != s["slots"][j]:

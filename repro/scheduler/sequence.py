@@ -14,12 +14,13 @@ from ..io import read_json
 from .schema import check_json, check_stack
 from .prefix import ALIGN_BLOCKS
 from .steps import schedule
+from ..control.shape import decode_len
 
 
 def copy_slots(num_slots: int, blocks_per_request: int, spec_tokens: int) -> int:
     """The `num_slots` a layer copy is built with so its state cache, num_slots * (1+K) blocks, holds
     every block of `num_slots` requests: rounded up where a block size's pool is not a multiple of 1+K."""
-    return -(-num_slots * blocks_per_request // (1 + spec_tokens))
+    return -(-num_slots * blocks_per_request // decode_len(spec_tokens))
 
 
 @dataclass
@@ -170,15 +171,15 @@ def random_sequence(seed: int, num_requests: int = 12, num_slots: int = 8, max_t
                                 preempt_after=rng.choice([None, None, None, rng.randint(1, 4)])))
         return Sequence(reqs, num_slots=num_slots, max_tokens=max_tokens, vocab=vocab, seed=seed)
     k = spec_tokens
-    edges = [1, 1 + k]
+    edges = [1, decode_len(k)]
     if chunked_prefill:
-        edges += [max_tokens + 1, max_tokens + 1 + k, 2 * max_tokens + 1 + k]
+        edges += [max_tokens + 1, max_tokens + decode_len(k), 2 * max_tokens + decode_len(k)]
     top = 3 * max_tokens if chunked_prefill else max(1, max_tokens // 2)
     arrive = 0
     for rid in range(num_requests):
         prompt = rng.choice(edges) if rng.random() < 0.6 else rng.randint(1, top)
         arrive += rng.choice([0, 0, 1, 2, max_decode + 3])
-        accept = [rng.randint(1, 1 + k) for _ in range(rng.randint(1, 4))] if k else None
+        accept = [rng.randint(1, decode_len(k)) for _ in range(rng.randint(1, 4))] if k else None
         reqs.append(Request(rid=rid, prompt_len=prompt, decode_steps=rng.randint(1, max_decode), arrive=arrive,
                             preempt_after=rng.choice([None, None, None, rng.randint(1, 4)]), accept=accept))
     return Sequence(reqs, num_slots=num_slots, max_tokens=max_tokens, vocab=vocab, seed=seed, spec_tokens=k,

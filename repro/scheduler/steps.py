@@ -8,6 +8,7 @@ from ..errors import BadInput
 from .config import SchedulerConfig
 from .prefix import ALIGN_BLOCKS
 from .scheduler import Scheduler
+from ..control.shape import decode_len
 
 TICK_LIMIT = 10_000  # ticks past the last arrival: a sequence that has not finished by then never will
 
@@ -15,7 +16,7 @@ TICK_LIMIT = 10_000  # ticks past the last arrival: a sequence that has not fini
 def block_pool(num_slots: int, spec_tokens: int = 0, first: int = 1) -> list[int]:
     """The state blocks of `num_slots` concurrent requests with K = `spec_tokens`: 1+K each, from
     `first` (1 with the pad sentinel 0, whose block 0 is the null block; 0 with the sentinel -1)."""
-    return list(range(first, first + num_slots * (1 + spec_tokens)))
+    return list(range(first, first + num_slots * decode_len(spec_tokens)))
 
 
 def scheduler_config(seq) -> SchedulerConfig:

@@ -45,6 +45,7 @@ from ..control.dispatch import DEFAULT_SIZES, Dispatcher, default_capture_sizes,
 from ..control.input_batch import InputBatch
 from ..knobs.modes import Runtime, parse_mode
 from ..knobs.options import ControlRules, UniformDecode
+from ..control.shape import StepShape, decode_len
 
 FIXED = ControlRules()  # the rules' fixed forms: what the runner under test does at baseline
 PREFIX = ("prefix:hit", "block:copy", "chunk:floored")
@@ -64,7 +65,7 @@ class Edges:
 
     def __init__(self, mode: str, spec_tokens: int, max_num_seqs: int, sizes=DEFAULT_SIZES):
         self.mode, self.k, self.max_num_seqs, self.counts = mode, spec_tokens, max_num_seqs, Counter()
-        self.dispatcher = Dispatcher(parse_mode(mode), sizes, spec_tokens, max_num_seqs)
+        self.dispatcher = Dispatcher(parse_mode(mode), sizes, StepShape(spec_tokens, max_num_seqs))
         self.threshold = 0  # the long prefill threshold of the sequence watched (`watch`)
         self.reset()
 
@@ -74,26 +75,26 @@ class Edges:
         mode = mode or self.mode
         self.k, self.max_num_seqs, self.threshold = seq.spec_tokens, seq.num_slots, seq.long_prefill_token_threshold
         self.dispatcher = Dispatcher(parse_mode(mode), default_capture_sizes(seq.num_slots, seq.max_tokens, self.k),
-                                     self.k, seq.num_slots)
+                                     StepShape.of(seq))
         self.reset()
         for b in seq.batches():
             self.see(b)
 
     def reset(self) -> None:
         """A fresh runner (a new example): no rows, no blocks held, no previous step; counts stay."""
-        self.rows = InputBatch(self.max_num_seqs, 1 + self.k, 0, FIXED)
+        self.rows = InputBatch(self.max_num_seqs, decode_len(self.k), 0, FIXED)
         self.held: dict[int, int] = {}  # state block -> the request that last held it
         self.started: set[int] = set()  # requests seen in a step
         self.staged = False  # a step so far was a uniform decode (the builder staged its buffers)
         self.finished = False  # a request finished or was preempted so far
 
     def see(self, b) -> None:
-        c, q = self.counts, 1 + self.k
+        c, q = self.counts, decode_len(self.k)
         self.finished |= bool(b.finished)
         c["block:boundary-save"] += bool(b.post_copies)
-        runtime, desc = dispatch_step(self.dispatcher, b, FIXED.uniform_decode, self.k)
+        runtime, desc = dispatch_step(self.dispatcher, b, FIXED.uniform_decode)
         if b.dp_peer is not None and runtime.value:
-            own = dispatch_step(self.dispatcher, replace(b, dp_peer=None), FIXED.uniform_decode, self.k)[1]
+            own = dispatch_step(self.dispatcher, replace(b, dp_peer=None), FIXED.uniform_decode)[1]
             c["dp:padded-idle" if b.dummy else "dp:padded-smaller"] += desc.num_tokens > own.num_tokens
         if b.dummy:  # as `repro.job.triggers` judges the two dummy triggers
             c["dummy"] += 1
@@ -143,7 +144,7 @@ class Edges:
                 c["chunk:floored"] += 1
 
     def _rare(self, b, runtime, desc) -> None:
-        c, q = self.counts, 1 + self.k
+        c, q = self.counts, decode_len(self.k)
         held = {x for row in b.block_rows() for x in row}
         if runtime is Runtime.FULL and desc.num_tokens > b.num_tokens and set(b.live_slots) - held:
             c["full-pad:parked"] += 1

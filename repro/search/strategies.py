@@ -18,11 +18,12 @@ from ..control.dispatch import capture_sizes, default_capture_sizes
 from ..knobs.modes import MODES
 from ..scheduler.config import SchedulerConfig
 from ..scheduler.sequence import Request, Sequence
+from ..control.shape import decode_len
 
 
 def kept_counts_st(k: int):
     """A request's kept counts (1..1+K a spec decode, cycled), or None: every draft kept."""
-    return st.one_of(st.none(), st.lists(st.integers(1, 1 + k), min_size=1, max_size=4))
+    return st.one_of(st.none(), st.lists(st.integers(1, decode_len(k)), min_size=1, max_size=4))
 
 
 def requests_st(max_requests: int = 5, max_tokens: int = 8, max_decode: int = 6, max_prompt: int | None = None,
@@ -36,7 +37,7 @@ def requests_st(max_requests: int = 5, max_tokens: int = 8, max_decode: int = 6,
             lambda rs: [Request(i, p, d, a, pre) for i, (p, d, a, pre) in enumerate(rs)])
     k = spec_tokens
     top = max_prompt or max_tokens
-    edges = sorted({e for e in (1, 1 + k, max_tokens + 1, max_tokens + 1 + k) if e <= top})
+    edges = sorted({e for e in (1, decode_len(k), max_tokens + 1, max_tokens + decode_len(k)) if e <= top})
     req = st.builds(
         lambda p, d, a, pre, acc: (p, d, a, pre, acc),
         st.one_of(st.sampled_from(edges), st.integers(1, top)), st.integers(0, max_decode), st.integers(0, 3),
@@ -51,8 +52,8 @@ def aligned_requests_st(block_size: int, max_requests: int = 5, max_tokens: int 
     K > 0 also 1 and 1+K, and each request's kept counts), and for each, optionally, the request
     `1 + back` before it whose first tokens it repeats (as many as the shorter prompt has)."""
     k, top = spec_tokens, max_prompt or max_tokens
-    edges = sorted({max(1, m * block_size + 1 + k + d) for m in (1, 2, 3) for d in (-1, 0, 1)}
-                   | ({1, 1 + k} if k else set()))
+    edges = sorted({max(1, m * block_size + decode_len(k) + d) for m in (1, 2, 3) for d in (-1, 0, 1)}
+                   | ({1, decode_len(k)} if k else set()))
     parts = [st.one_of(st.sampled_from(edges), st.integers(1, top)), st.integers(0, max_decode), st.integers(0, 3),
              st.one_of(st.none(), st.integers(1, 3)), st.one_of(st.none(), st.integers(0, 3))]
     if k:  # K = 0 draws as it always has (a saved Hypothesis database replays)
@@ -82,7 +83,7 @@ def padded_budgets(batch: int, num_slots: int, spec_tokens: int, top: int) -> li
     size of a runner with a `batch`-token batch holds, below its largest: the n decodes that fit are
     padded to a capture size while the next one is parked (vLLM's default sizes,
     `control.dispatch.capture_sizes`)."""
-    q = 1 + spec_tokens
+    q = decode_len(spec_tokens)
     sizes = capture_sizes(default_capture_sizes(num_slots, batch, spec_tokens), MODES["FULL_AND_PIECEWISE"], spec_tokens)
     return [n * q for n in range(1, num_slots + 1) if n * q <= top and n * q not in sizes and n * q < max(sizes)]
 
@@ -96,7 +97,7 @@ def scheduler_config_st(max_tokens: int, num_slots: int, spec_tokens: int = 0):
     `padded_budgets`), else two decodes' up to `max_tokens`; a long-prefill threshold of 1+K up to
     `max_tokens` (small ones often: they cut a recompute into chunks that end in 1 or 1+K tokens);
     async scheduling."""
-    q = 1 + spec_tokens
+    q = decode_len(spec_tokens)
     small = st.integers(q, min(max_tokens, 2 * q + 1))
 
     def under(batch: int):
@@ -113,7 +114,7 @@ def dp_peers_st(max_tokens: int, num_slots: int, spec_tokens: int = 0):
     """The other data-parallel rank's batch a step, cycled (`Sequence.dp_peers`): idle ([0, true]:
     its dummy run, what it shrinks to), uniform decodes of 1+K tokens each, or a mixed batch of any
     size. A data-parallel rank always has another rank to agree with."""
-    q = 1 + spec_tokens
+    q = decode_len(spec_tokens)
     uniform = st.sampled_from(range(1, min(num_slots, max_tokens // q) + 1)).map(lambda n: [n * q, True])
     peer = st.one_of(st.just([0, True]), uniform, st.integers(1, max_tokens).map(lambda n: [n, False]))
     return st.lists(peer, min_size=1, max_size=4)

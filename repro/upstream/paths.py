@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..control.shape import StepShape
 from ..errors import BadInput
 from ..knobs.control import Control
 from .case import Case
@@ -51,25 +52,24 @@ class VllmPaths:
     def __exit__(self, *exc) -> None:
         self._patched.__exit__(*exc)
 
-    def config(self, mode: str, spec_tokens: int, sizes, max_num_seqs: int, max_tokens: int):
-        case = Case(mode=mode, spec_tokens=spec_tokens, sizes=None if sizes is None else tuple(sizes),
-                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens, block_size=self.block_size,
-                    checkpoint=self.checkpoint, max_model_len=self.max_model_len)
+    def config(self, mode: str, shape: StepShape):
+        case = Case(mode=mode, spec_tokens=shape.spec_tokens, sizes=shape.sizes, max_num_seqs=shape.max_num_seqs,
+                    max_num_batched_tokens=shape.max_tokens, block_size=self.block_size, checkpoint=self.checkpoint,
+                    max_model_len=self.max_model_len)
         return vllm_config(self.up, case)
 
-    def graph(self, mode, sizes, spec_tokens: int, max_num_seqs: int, max_tokens: int, device, sentinel: int,
-              pad: int | None):
+    def graph(self, mode, shape: StepShape, device, sentinel: int, pad: int | None):
         if sentinel != NULL_BLOCK_ID or pad != NULL_BLOCK_ID:
             raise BadInput(f"--control {self.source}: vLLM pads with its null block {NULL_BLOCK_ID} and its kernels skip "
                            f"it (this run pads with {pad}, sentinel {sentinel}); a pad or sentinel hazard is a mirror "
                            "knob")
-        cfg = self.config(mode.name, spec_tokens, sizes, max_num_seqs, max_tokens)
+        cfg = self.config(mode.name, shape)
         if self.control.runner == "v2":
             return V2Path(self.up, cfg, device)
         return V1Path(self.up, cfg, device)
 
     def eager(self, spec_tokens: int, device, sentinel: int):
-        cfg = self.config("none", spec_tokens, None, 8, 64)
+        cfg = self.config("none", StepShape(spec_tokens))  # the eager copy's: nothing captured
         return (V2EagerPath if self.control.runner == "v2" else V1EagerPath)(self.up, cfg, device)
 
 

@@ -21,13 +21,14 @@ import textwrap
 import types
 
 import numpy as np
+from ..control.shape import decode_len
 
 
 def uniform_decode(up, query_lens, spec_tokens: int) -> bool:
     """`GPUModelRunner._is_uniform_decode` of one step's queries (the mirror's SHAPE rule)."""
     q = [int(x) for x in query_lens]
     return bool(up.gpu_model_runner.GPUModelRunner._is_uniform_decode(
-        max_num_scheduled_tokens=max(q), uniform_decode_query_len=1 + spec_tokens, num_tokens=sum(q),
+        max_num_scheduled_tokens=max(q), uniform_decode_query_len=decode_len(spec_tokens), num_tokens=sum(q),
         num_reqs=len(q)))
 
 

@@ -38,6 +38,7 @@ from ..errors import BadInput
 from .case import Case
 from .config import scheduler, vllm_config
 from .rows import GDN_GROUP, Rows, cdiv
+from ..control.shape import decode_len
 
 TICK_LIMIT = 10_000  # ticks past the last arrival (the mirror's limit)
 
@@ -56,8 +57,8 @@ def ample_blocks(seq, cfg) -> int:
     """KV blocks enough that every request of `seq` could run at once twice over (the prompt and
     every decode's 1+K tokens, a resume's recompute too): vLLM then preempts only when asked."""
     k = seq.spec_tokens
-    most = max((r.prompt_len + (2 * r.decode_steps + 3) * (1 + k) for r in seq.requests), default=1)
-    state = cdiv(most, seq.block_size) + k + 1 if seq.block_size else 1 + k
+    most = max((r.prompt_len + (2 * r.decode_steps + 3) * decode_len(k) for r in seq.requests), default=1)
+    state = cdiv(most, seq.block_size) + decode_len(k) if seq.block_size else decode_len(k)
     return 2 * seq.num_slots * (cdiv(most, cfg.cache_config.block_size) + state) + 2
 
 
@@ -239,7 +240,7 @@ class VllmScheduler:
                 decoded.append(rid)
                 if self.k and any(s >= 0 for s in spec):
                     acc = t.req.accept
-                    a = min(acc[t.taken % len(acc)] if acc else 1 + self.k, 1 + len(spec))
+                    a = min(acc[t.taken % len(acc)] if acc else decode_len(self.k), 1 + len(spec))
                     t.taken += 1
             kept[rid] = a
             if c_before + out.num_scheduled_tokens[rid] - len(spec) < known:

@@ -49,6 +49,7 @@ from .dispatch import Dispatcher, descriptor, runtime
 from .input_batch import InputBatch
 from .metadata import NULL_BLOCK_ID, common, gdn_meta
 from .runner import _bookkeeping, draft_counts
+from ..control.shape import decode_len
 
 
 def bare_runner(up, cfg, input_batch, dispatcher):
@@ -60,7 +61,7 @@ def bare_runner(up, cfg, input_batch, dispatcher):
     r.scheduler_config, r.cache_config, r.speculative_config = cfg.scheduler_config, cfg.cache_config, \
         cfg.speculative_config
     r.num_spec_tokens = cfg.num_speculative_tokens
-    r.uniform_decode_query_len = 1 + r.num_spec_tokens
+    r.uniform_decode_query_len = decode_len(r.num_spec_tokens)
     r.input_batch, r.cudagraph_dispatcher = input_batch, dispatcher
     return r
 
@@ -178,7 +179,7 @@ class V1Path:
         """`execute_model`'s call (its arguments in row order), or a dummy step's: `_dummy_run(1+k,
         uniform_decode=True)` forces the flag."""
         if batch.dummy:
-            q = 1 + self.k
+            q = decode_len(self.k)
             return self._determine(batch.step, num_tokens=q, num_reqs=1, num_scheduled_tokens_np=np.array([q]),
                                    max_num_scheduled_tokens=q, force_uniform_decode=True)
         q = self._row_counts(batch)
@@ -208,7 +209,7 @@ class V1Path:
     def _dummy_rows(self, desc: BatchDescriptor, num_tokens: int) -> tuple[list[int], int]:
         """`_dummy_run(num_tokens, uniform_decode=True)`'s requests: `min(max_num_seqs,
         cdiv(num_tokens, 1+k))` of 1+k tokens (the last the remainder), padded to `desc.num_reqs`."""
-        q = 1 + self.k
+        q = decode_len(self.k)
         n = min(self.cfg.scheduler_config.max_num_seqs, -(-num_tokens // q))
         lens = [q] * n
         if num_tokens % q:
@@ -232,7 +233,7 @@ class V1Path:
         (`_build_attention_metadata(num_reqs=num_reqs_padded, for_cudagraph_capture=True)`:
         `is_prefilling` from those rows' counts)."""
         ib = self.batch
-        lens, pad = self._dummy_rows(desc, 1 + self.k)
+        lens, pad = self._dummy_rows(desc, decode_len(self.k))
         n = len(lens) + pad
         ib.block_table.commit_block_table(n)
         q = max(lens)
@@ -266,6 +267,6 @@ class V1EagerPath:
         computed, prompts = batch.computed(), batch.prompts()
         c = common(batch.query_lens, computed, [c < p for c, p in zip(computed, prompts)],
                    draft_counts(self.up, batch.query_lens, batch.drafts(), computed, prompts),
-                   batch.accepted() if accepted is None else accepted, block_rows(batch, 1 + self.k, NULL_BLOCK_ID),
+                   batch.accepted() if accepted is None else accepted, block_rows(batch, decode_len(self.k), NULL_BLOCK_ID),
                    batch.num_tokens if size is None else size, self.block_size, pad_rows)
         return gdn_meta(self.builder.build(c))

@@ -44,6 +44,7 @@ from ..knobs.modes import MODES, Runtime
 from .builder import Builder
 from .config import kv_cache_config, mamba_spec
 from .metadata import NULL_BLOCK_ID, gdn_meta
+from ..control.shape import decode_len
 
 
 def single_rank(up, cfg) -> None:
@@ -132,7 +133,7 @@ class V2Path:
 
     def __init__(self, up, cfg, device):
         self.up, self.cfg, self.k = up, cfg, cfg.num_speculative_tokens
-        self.q = 1 + self.k
+        self.q = decode_len(self.k)
         single_rank(up, cfg)
         cc = cfg.compilation_config
         support = up.gdn_attn.GDNAttentionMetadataBuilder.get_cudagraph_support(cfg, mamba_spec(up, cfg))
@@ -233,7 +234,7 @@ class V2EagerPath:
     source = "vllm-v2"
 
     def __init__(self, up, cfg, device):
-        self.up, self.q = up, 1 + cfg.num_speculative_tokens
+        self.up, self.q = up, decode_len(cfg.num_speculative_tokens)
         self.attention = V2Attention(up, cfg, device)
 
     def metadata(self, batch, accepted=None, pad_rows: int = 0, size: int | None = None):
