@@ -15,6 +15,7 @@ batch, so the minimum over the groups is GDN's).
 from __future__ import annotations
 
 from ..control.dispatch import BatchDescriptor
+from ..control.shape import decode_len
 from ..knobs.modes import Runtime
 from .config import mamba_spec
 
@@ -37,7 +38,7 @@ class Dispatcher:
         self.up, self.cfg = up, cfg
         cc = cfg.compilation_config
         self.asked = tuple(cc.cudagraph_capture_sizes or ())
-        self.q = 1 + cfg.num_speculative_tokens
+        self.q = decode_len(cfg.num_speculative_tokens)
         builder = up.gdn_attn.GDNAttentionMetadataBuilder
         support = builder.get_cudagraph_support(cfg, mamba_spec(up, cfg))
         self.mode = cc.resolve_cudagraph_mode_and_sizes(support, "GDNAttentionBackend", self.q,
