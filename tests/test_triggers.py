@@ -3,6 +3,7 @@ hazard leaves alone would make a clean run report it MISSED."""
 import pytest
 
 from repro.control.dispatch import default_capture_sizes
+from repro.control.shape import StepShape
 from repro.graphs import make_provider
 from repro.islands import Model
 from repro.job.cases import Case, run_case
@@ -22,7 +23,7 @@ def _seq(beside_a_decode: bool) -> Sequence:
 
 
 def _reached(seq: Sequence) -> bool:
-    return reached(HAZARD, (), "piecewise", seq.batches(), default_capture_sizes(4, 16, 2), [], 2, 4)
+    return reached(HAZARD, (), "piecewise", seq.batches(), default_capture_sizes(4, 16, 2), [], StepShape.of(seq))
 
 
 def test_a_one_token_first_chunk_beside_a_spec_decode_does_not_reach_the_decode_kernels():

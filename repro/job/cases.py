@@ -24,7 +24,7 @@ from .results import Case, CaseResult
 from .steps import case_steps, copy_slots
 from .triggers import reached
 from ..scheduler.sequence import Request, Sequence
-from ..control.shape import decode_len
+from ..control.shape import StepShape, decode_len
 
 # What a default run covers: the chain, each chain island isolated, and the moe island alone.
 DEFAULT_ISLANDS = ("chain", "submod0", "submod1", "gdn_core", "moe")
@@ -144,23 +144,29 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
         if reference_every is None:  # a hazard both copies share needs the third copy at its own cadence
             reference_every = hz.reference_cadence(case.hazards, case.stack)
         every = default_every(provider.device) if reference_every is None else reference_every
-        spec, slots = getattr(seq, "spec_tokens", 0), copy_slots(seq, batches)  # a block size's pool is larger
         asked = sizes  # under vLLM's control, None lets vLLM choose its own list
-        sizes = sizes or default_capture_sizes(seq.num_slots, seq.max_tokens, spec, opts.control.decode_capture_sizes)
+        sizes = sizes or default_capture_sizes(seq.num_slots, seq.max_tokens, seq.spec_tokens,
+                                               opts.control.decode_capture_sizes)
+        # the case's shape, built once: a recorded step may hold more tokens than the sequence's budget,
+        # and a block size's pool (or vLLM's block ids) more state blocks than its request slots
+        shape = StepShape.of(seq, max(seq.max_tokens, max((b.num_tokens for b in batches), default=1)),
+                             asked if case.control.upstream else sizes, copy_slots(seq, batches))
         with paths_for(case.control, opts.control, model.path, case.block_size) as paths:
             # the third copy keeps the fixed rules of the mirror: independent of the rules under test (the
             # case's, or vLLM's own), it sees a fault both copies share (`check.reference_copy`)
-            ref = ReferenceCopy(independent_copy(model, slots, copy_sentinel, spec), every) if every > 0 else None
+            ref = (ReferenceCopy(independent_copy(model, shape.slots, copy_sentinel, shape.spec_tokens), every)
+                   if every > 0 else None)
             try:
-                res = run_lockstep(lambda o: model.copy(o, num_slots=slots, sentinel=copy_sentinel, spec_tokens=spec),
-                                   provider, batches, mode=case.mode, opts=opts,
-                                   sizes=asked if case.control.upstream else sizes, trace=trace, progress=progress,
-                                   max_tokens=seq.max_tokens, reference=ref, max_num_seqs=seq.num_slots, paths=paths)
+                res = run_lockstep(lambda o: model.copy(o, num_slots=shape.slots, sentinel=copy_sentinel,
+                                                        spec_tokens=shape.spec_tokens),
+                                   provider, batches, mode=case.mode, opts=opts, sizes=shape.sizes, trace=trace,
+                                   progress=progress, max_tokens=shape.max_tokens, reference=ref,
+                                   max_num_seqs=shape.max_num_seqs, paths=paths)
             except KernelRefused as e:  # a kernel whose own sources leave this case's outcome unknown
                 return CaseResult(case, 0, None, strict=strict, refused=str(e))
     findings = [f.to_json() for f in res.findings]
     triggered = None if batches is None else reached(case.hazards, case.repairs, case.mode, batches[:res.steps],
-                                                     sizes, findings, getattr(seq, "spec_tokens", 0), seq.num_slots)
+                                                     sizes, findings, shape)
     return CaseResult(case, res.steps, res.divergence, findings, res.eager_us, res.replay_us, res.kernel_findings,
                       strict, bound_usage=res.bound_usage, triggered=triggered)
 

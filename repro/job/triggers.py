@@ -41,11 +41,11 @@ def live(hazards, repairs) -> list[str]:
     return [h for h in hazards if not hz.HAZARDS[h].probe and not set(hz.HAZARDS[h].repairs) & set(repairs)]
 
 
-def _dispatched(batches, mode: str, sizes, hazards, repairs, spec_tokens: int, max_num_seqs: int):
+def _dispatched(batches, mode: str, sizes, hazards, repairs, shape: StepShape):
     """(index, batch, runtime, padded token count) of every step, as the replay copy's runner
     dispatches it."""
     rule = hz.options_for(hazards, repairs).control.uniform_decode
-    d = Dispatcher(parse_mode(mode), sizes, StepShape(spec_tokens, max_num_seqs))
+    d = Dispatcher(parse_mode(mode), sizes, shape)
     for i, b in enumerate(batches):
         runtime, desc = dispatch_step(d, b, rule)
         yield i, b, runtime, desc.num_tokens
@@ -106,14 +106,13 @@ def shown_by_finding(hazards, repairs, findings) -> bool:
     return any(hz.HAZARDS[h].trigger in kinds for h in live(hazards, repairs))
 
 
-def reached(hazards, repairs, mode: str, batches, sizes, findings, spec_tokens: int = 0,
-            max_num_seqs: int = 8) -> bool | None:
-    """Whether any live hazard's trigger was reached in `batches` (the steps that ran); None
-    when no hazard is live (nothing to trigger)."""
+def reached(hazards, repairs, mode: str, batches, sizes, findings, shape: StepShape = StepShape()) -> bool | None:
+    """Whether any live hazard's trigger was reached in `batches` (the steps that ran) by a runner of
+    `shape` capturing `sizes`; None when no hazard is live (nothing to trigger)."""
     hs = live(hazards, repairs)
     if not hs:
         return None
-    steps = list(_dispatched(batches, mode, sizes, hazards, repairs, spec_tokens, max_num_seqs))
+    steps = list(_dispatched(batches, mode, sizes, hazards, repairs, shape))
     opts = hz.options_for(hazards, repairs)
     for h in hs:
         t = hz.HAZARDS[h].trigger
@@ -122,7 +121,7 @@ def reached(hazards, repairs, mode: str, batches, sizes, findings, spec_tokens: 
                 return True
             continue
         graphs = {_GRAPH[m] for m in hz.HAZARDS[h].modes}
-        if _reached(t, [s for s in steps if s[2] in graphs], batches, opts, spec_tokens):
+        if _reached(t, [s for s in steps if s[2] in graphs], batches, opts, shape.spec_tokens):
             return True
     return False
 
