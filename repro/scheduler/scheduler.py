@@ -25,6 +25,7 @@ from ..errors import BadInput
 from .tokens import draft as _draft
 from .tokens import token as _token
 from .config import SchedulerConfig
+from .kept import KeptCounts
 from .order import RowOrder
 from .request import Req as _Req
 from .prefix import ALIGN_BLOCKS, AlignedBlocks, BlockPool, aligned_chunk, check_block_size
@@ -33,7 +34,7 @@ from .queues import RequestQueues
 MAX_SPEC_TOKENS = 4
 
 
-class Scheduler(RequestQueues, AlignedBlocks):
+class Scheduler(RequestQueues, KeptCounts, AlignedBlocks):
     """One FCFS scheduler, a step at a time.
 
     `max_tokens` is vLLM's max_num_batched_tokens, the step's token budget unless `config` sets a
@@ -173,46 +174,6 @@ class Scheduler(RequestQueues, AlignedBlocks):
         return b
 
     # -- inside ---------------------------------------------------------------------------------
-
-    def _check_kept(self, rid: int, a) -> None:
-        if not isinstance(a, int) or isinstance(a, bool) or not 1 <= a <= 1 + self.spec_tokens:
-            raise BadInput(f"request {rid}: a kept count of {a!r}; a spec decode keeps 1..{1 + self.spec_tokens}")
-
-    def _settle(self, accepted: Mapping[int, int] | None) -> None:
-        """The previous step's decodes keep `a` of their 1+K tokens (the bonus token and a-1
-        drafts): num_computed advances by `a`, the rejected drafts roll back
-        (`Scheduler.update_from_output`: num_computed_tokens -= num_rejected), and `a` is what the
-        request's next step reports as num_accepted (`vllm/v1/worker/gpu_model_runner.py:
-        GPUModelRunner._update_states_after_model_execute`); with a block size, the boundary state
-        the kept tokens reached is saved and the columns behind them let go (`AlignedBlocks`)."""
-        accepted = dict(accepted or {})
-        for r in self._running + self._waiting:
-            if not r.pending:
-                continue
-            a = accepted.pop(r.rid) if r.rid in accepted else self._next_kept(r)
-            self._check_kept(r.rid, a)
-            self._keep(r, a)
-        if accepted:
-            raise BadInput(f"request {next(iter(accepted))} had no decode in the previous step to keep tokens of")
-
-    def _next_kept(self, r: _Req) -> int:
-        """Its `accept` list's next value, or all 1+K; 1 for a decode the budget left no drafts (not
-        a spec decode: it takes no value of the list)."""
-        if not r.drafts:
-            return 1
-        if not r.accept:
-            return 1 + self.spec_tokens
-        r.taken += 1
-        return r.accept[(r.taken - 1) % len(r.accept)]
-
-    def _keep(self, r: _Req, a: int) -> None:
-        a = min(a, 1 + r.drafts)  # a decode whose drafts the budget cut keeps at most those
-        c = r.num_computed
-        r.drafted.update(range(c + 1, c + a))
-        r.num_computed, r.num_accepted, r.pending = c + a, a, False
-        if self.block_size and r.cols:  # running (a preempted request holds no blocks)
-            self._cache_kept(r, c + a)  # `Scheduler.update_from_output` caches what spec decodes kept
-            self._settle_aligned(r, c, a)
 
     def _tok(self, r: _Req, pos: int) -> int:
         if pos in r.drafted:
