@@ -11,9 +11,11 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 
 from repro.errors import BadInput
 from repro.scheduler.order import region
-from repro.scheduler.scheduler import Scheduler, _draft, _token
+from repro.scheduler.scheduler import Scheduler
 from repro.scheduler.steps import block_pool, schedule
 from repro.scheduler.sequence import Request, Sequence, random_sequence
+from repro.scheduler.tokens import draft as _draft
+from repro.scheduler.tokens import token as _token
 from repro.search.strategies import sequences
 
 FEW = settings(max_examples=60, deadline=None, derandomize=True, database=None,

@@ -15,24 +15,30 @@ blocks are cached, and a new request may start from the longest cached prefix of
 most `max_seqs` requests run. Settings beyond the budget (a smaller scheduled budget, the long
 prefill threshold, async scheduling) are `config.SchedulerConfig`'s. `Scheduler` is the one
 implementation: `steps.schedule(seq)` drives it over a `Sequence`, and the Hypothesis state machine
-(`repro/search/machine.py`) drives it rule by rule."""
+(`repro/search/machine.py`) drives it rule by rule.
+
+It is read in its phases, each a part it inherits: its queues and what the caller does to them
+between steps (`queues.RequestQueues`), the last step's decodes settled with their kept counts
+(`kept.KeptCounts`), the step's rows scheduled (here), the step handed out and its requests
+advanced (`emit.StepEmission`), and with a block size the blocks' alignment (`prefix.AlignedBlocks`)."""
 from __future__ import annotations
 
 from typing import Mapping
 
 from ..control.batch import StepBatch
 from ..errors import BadInput
-from .tokens import draft as _draft
-from .tokens import token as _token
 from .config import SchedulerConfig
+from .emit import StepEmission
+from .kept import KeptCounts
 from .order import RowOrder
 from .request import Req as _Req
 from .prefix import ALIGN_BLOCKS, AlignedBlocks, BlockPool, aligned_chunk, check_block_size
+from .queues import RequestQueues
 
 MAX_SPEC_TOKENS = 4
 
 
-class Scheduler(AlignedBlocks):
+class Scheduler(RequestQueues, KeptCounts, StepEmission, AlignedBlocks):
     """One FCFS scheduler, a step at a time.
 
     `max_tokens` is vLLM's max_num_batched_tokens, the step's token budget unless `config` sets a
@@ -70,80 +76,7 @@ class Scheduler(AlignedBlocks):
         self.calls = 0  # steps scheduled (`step` calls), empty ones included
         self._fresh: set[int] = set()  # blocks cached by the step being scheduled (`_cache_kept`)
 
-    # -- what the caller asks -------------------------------------------------------------------
-
-    def running(self) -> list[int]:
-        """Requests holding state blocks (decoding, part way through their prompt, or waiting for
-        budget), in admission order."""
-        return [r.rid for r in self._running]
-
-    def waiting(self) -> list[int]:
-        return [r.rid for r in self._waiting]
-
-    def awaiting(self) -> list[int]:
-        """Requests whose last step was a decode whose kept count is still open: those the next
-        `step`'s `accepted` may name (with K = 0 the count can only be 1)."""
-        return [r.rid for r in self._running + self._waiting if r.pending]
-
-    def done(self) -> bool:
-        return not self._running and not self._waiting
-
-    def idle(self) -> bool:
-        """Nothing this rank could run now: no request holds blocks, none has arrived."""
-        return not self._running and not any(r.arrive <= self.tick for r in self._waiting)
-
-    def owned(self) -> list[int]:
-        if self.block_size:
-            return sorted(b for r in self._running for b in r.cols.values())
-        return sorted(b for r in self._running for b in r.blocks)
-
-    @property
-    def prefix_hits(self) -> int:
-        """Requests started from a cached block so far (0 without a block size)."""
-        return self.pool.hits if self.pool is not None else 0
-
-    # -- what the caller does -------------------------------------------------------------------
-
-    def add(self, rid: int, prompt_len: int, decode_steps: int | None = None, arrive: int | None = None,
-            preempt_after: int | None = None, accept: list[int] | None = None, prefix_of: int | None = None,
-            prefix_len: int = 0) -> None:
-        """Queue a request: schedulable from tick `arrive` (default: now), finished after
-        `decode_steps` decode steps (None: when `finish` says), preempted once after
-        `preempt_after` of them; `accept`: the kept counts of its spec decodes, in order, cycled;
-        its first `prefix_len` tokens are those of request `prefix_of` (a shared prefix)."""
-        if prefix_of is not None and prefix_len:
-            src = prefix_of
-            while src != rid and src in self._prefix:
-                src = self._prefix[src][0]
-            if src == rid:
-                raise BadInput(f"request {rid}: prefix_of {prefix_of} leads back to request {rid}")
-            self._prefix[rid] = (prefix_of, prefix_len)
-        if prompt_len < 1:
-            raise BadInput(f"request {rid}: prompt_len {prompt_len} must be at least 1")
-        if any(r.rid == rid for r in self._running + self._waiting):
-            raise BadInput(f"request {rid} is already scheduled")
-        for a in accept or ():
-            self._check_kept(rid, a)
-        if accept is not None and not accept:
-            raise BadInput(f"request {rid}: accept is empty (leave it out to keep every draft)")
-        self._waiting.append(_Req(rid, prompt_len, decode_steps, self.tick if arrive is None else arrive,
-                                  preempt_after, list(accept) if accept else None))
-
-    def finish(self, rid: int, preempt: bool = False) -> None:
-        """End a running request between steps; its blocks are freed. Preempted, it waits to be
-        recomputed from scratch (`vllm/v1/core/sched/scheduler.py: Scheduler._preempt_request`)."""
-        r = next((r for r in self._running if r.rid == rid), None)
-        if r is None:
-            raise BadInput(f"request {rid} is not running")
-        self._release(r, preempt, self.tick)
-
-    def abort_waiting(self) -> list[int]:
-        """End every request still waiting (none holds blocks; `Scheduler.finish_requests` on a
-        waiting request removes it from the queue), so a rank whose running requests finished goes
-        idle. Returns their ids."""
-        gone = [r.rid for r in self._waiting]
-        self._waiting = []
-        return gone
+    # -- what the caller runs (what it asks and the rest it does: `queues.RequestQueues`) -------
 
     def step(self, accepted: Mapping[int, int] | None = None) -> StepBatch | None:
         """Run one tick: settle the previous step's decodes with their kept counts (`accepted`:
@@ -172,6 +105,26 @@ class Scheduler(AlignedBlocks):
         if not rows:
             return None
         return self._emit(rows, t, running)
+
+    def dummy(self, accepted: Mapping[int, int] | None = None) -> StepBatch:
+        """One tick of an idle data-parallel rank: the other ranks run a step, this one runs
+        `_dummy_run(1+K, uniform_decode=True)` (`vllm/v1/worker/gpu_worker.py:
+        Worker.execute_dummy_batch`), with no requests. Only on a data-parallel rank with nothing
+        to run."""
+        if not self.data_parallel:
+            raise BadInput("a dummy step needs data_parallel (only an idle data-parallel rank runs one)")
+        if not self.idle():
+            raise BadInput(f"tick {self.tick}: a dummy step while requests can run")
+        self._settle(accepted)
+        self.tick += 1
+        b = StepBatch([], [], [], [], [], step=self.emitted, live_slots=self.owned(), num_computed=[],
+                      prompt_lens=[], draft_lens=[], num_accepted=[], blocks=[], finished=self._finished, dummy=True,
+                      post_copies=self._take_post())
+        self._finished = []
+        self.emitted += 1
+        return b
+
+    # -- inside ---------------------------------------------------------------------------------
 
     def _schedule_running(self, rows: list, budget: int, cap: int, wide: int) -> int:
         """The running requests' rows, in the order admitted (`step`); returns the budget left."""
@@ -226,96 +179,6 @@ class Scheduler(AlignedBlocks):
             self._schedule(rows, (r, n, False, pad))
             budget -= n
 
-    def dummy(self, accepted: Mapping[int, int] | None = None) -> StepBatch:
-        """One tick of an idle data-parallel rank: the other ranks run a step, this one runs
-        `_dummy_run(1+K, uniform_decode=True)` (`vllm/v1/worker/gpu_worker.py:
-        Worker.execute_dummy_batch`), with no requests. Only on a data-parallel rank with nothing
-        to run."""
-        if not self.data_parallel:
-            raise BadInput("a dummy step needs data_parallel (only an idle data-parallel rank runs one)")
-        if not self.idle():
-            raise BadInput(f"tick {self.tick}: a dummy step while requests can run")
-        self._settle(accepted)
-        self.tick += 1
-        b = StepBatch([], [], [], [], [], step=self.emitted, live_slots=self.owned(), num_computed=[],
-                      prompt_lens=[], draft_lens=[], num_accepted=[], blocks=[], finished=self._finished, dummy=True,
-                      post_copies=self._take_post())
-        self._finished = []
-        self.emitted += 1
-        return b
-
-    # -- inside ---------------------------------------------------------------------------------
-
-    def _check_kept(self, rid: int, a) -> None:
-        if not isinstance(a, int) or isinstance(a, bool) or not 1 <= a <= 1 + self.spec_tokens:
-            raise BadInput(f"request {rid}: a kept count of {a!r}; a spec decode keeps 1..{1 + self.spec_tokens}")
-
-    def _settle(self, accepted: Mapping[int, int] | None) -> None:
-        """The previous step's decodes keep `a` of their 1+K tokens (the bonus token and a-1
-        drafts): num_computed advances by `a`, the rejected drafts roll back
-        (`Scheduler.update_from_output`: num_computed_tokens -= num_rejected), and `a` is what the
-        request's next step reports as num_accepted (`vllm/v1/worker/gpu_model_runner.py:
-        GPUModelRunner._update_states_after_model_execute`); with a block size, the boundary state
-        the kept tokens reached is saved and the columns behind them let go (`AlignedBlocks`)."""
-        accepted = dict(accepted or {})
-        for r in self._running + self._waiting:
-            if not r.pending:
-                continue
-            a = accepted.pop(r.rid) if r.rid in accepted else self._next_kept(r)
-            self._check_kept(r.rid, a)
-            self._keep(r, a)
-        if accepted:
-            raise BadInput(f"request {next(iter(accepted))} had no decode in the previous step to keep tokens of")
-
-    def _next_kept(self, r: _Req) -> int:
-        """Its `accept` list's next value, or all 1+K; 1 for a decode the budget left no drafts (not
-        a spec decode: it takes no value of the list)."""
-        if not r.drafts:
-            return 1
-        if not r.accept:
-            return 1 + self.spec_tokens
-        r.taken += 1
-        return r.accept[(r.taken - 1) % len(r.accept)]
-
-    def _keep(self, r: _Req, a: int) -> None:
-        a = min(a, 1 + r.drafts)  # a decode whose drafts the budget cut keeps at most those
-        c = r.num_computed
-        r.drafted.update(range(c + 1, c + a))
-        r.num_computed, r.num_accepted, r.pending = c + a, a, False
-        if self.block_size and r.cols:  # running (a preempted request holds no blocks)
-            self._cache_kept(r, c + a)  # `Scheduler.update_from_output` caches what spec decodes kept
-            self._settle_aligned(r, c, a)
-
-    def _admit(self, r: _Req, need: int) -> None:  # without a block size (`_admit_aligned`: with one)
-        self._waiting.remove(r)
-        r.blocks, self.free = self.free[: 1 + self.spec_tokens], self.free[1 + self.spec_tokens:]
-        r.target, r.num_computed, r.decodes, r.num_accepted = need, 0, 0, 1  # InputBatch.add_request: accepted 1
-        self._running.append(r)
-
-    def _release(self, r: _Req, preempt: bool, arrive: int) -> None:
-        if r.pending:  # its last decode's outcome is known when the step ends, before it leaves
-            self._keep(r, self._next_kept(r))
-        self._running.remove(r)
-        if self.block_size:
-            for b in r.cols.values():
-                self.pool.release(b)
-            r.cols, r.run_col = {}, -1
-        else:
-            self.free = sorted(self.free + r.blocks)
-        r.blocks = []
-        self._finished.append(r.rid)
-        if preempt:  # `Scheduler._preempt_request`: `waiting.prepend_request`
-            r.preempted, r.arrive = True, arrive
-            self._waiting.insert(0, r)
-
-    def _tok(self, r: _Req, pos: int) -> int:
-        if pos in r.drafted:
-            return _draft(self.seed, r.rid, pos, self.vocab)
-        rid = r.rid
-        while rid in self._prefix and pos < self._prefix[rid][1]:  # a shared prefix: the other request's token
-            rid = self._prefix[rid][0]
-        return _token(self.seed, rid, pos, self.vocab)
-
     def _schedule(self, rows: list, row: tuple) -> None:
         """A row of the step; with a block size its blocks are placed and what its tokens fill cached
         as vLLM allocates them, in the order scheduled (`KVCacheManager.allocate_slots`)."""
@@ -324,76 +187,3 @@ class Scheduler(AlignedBlocks):
         if self.block_size:
             self._place(r, q)
             self._cache_kept(r, r.num_computed + (1 if decode else q - d))  # a decode keeps its first token
-
-    def _emit(self, rows, t: int, running: int) -> StepBatch:
-        """The step of `rows` ((request, query length, is a decode, drafts) in the order scheduled,
-        the running requests' first `running`), its rows in the runner's order (`order.RowOrder`)."""
-        bs = self.block_size
-        post = self._take_post()  # the last step's; this step's own (a released decode's) go with the next
-        new = rows[running:]
-        resumed = {r.rid for r, *_ in new if r.preempted}
-        received = [x for x in new if x[0].rid not in resumed] + rows[:running] + [x for x in new if x[0].rid in resumed]
-        order = self.order.step([(r.rid, q, r.num_computed, r.prompt_len) for r, q, *_ in received], self._finished,
-                                resumed)
-        rows = sorted(rows, key=lambda x: order.index(x[0].rid))
-        for r, *_ in rows:
-            if r.last_call != self.calls - 1:  # it left the runner's batch: `InputBatch.add_request` counts 1
-                r.num_accepted = 1
-            r.last_call = self.calls
-        ids, slots, qlens, init, toks = [], [], [], [], []
-        computed, prompts, drafts, accepted, blocks = [], [], [], [], []
-        aligned = dict(block_size=bs, state_cols=[x[0].col for x in rows], prev_cols=[x[0].prev for x in rows]) if bs else {}
-        for r, q, decode, d in rows:
-            c = r.num_computed
-            ids.append(r.rid)
-            slots.append(r.blocks[r.col])
-            qlens.append(q)
-            init.append(c > 0)
-            computed.append(c)
-            prompts.append(r.prompt_len)
-            drafts.append(d)
-            accepted.append(r.num_accepted)
-            blocks.append(list(r.blocks))
-            if decode:
-                toks.append(self._tok(r, c))
-                toks.extend(_draft(self.seed, r.rid, c + j, self.vocab) for j in range(1, d + 1))
-            else:  # a padded first chunk's placeholder drafts: the runner clamps their -1 to 0 (`_preprocess`)
-                toks.extend([self._tok(r, p) for p in range(c, c + q - d)] + [0] * d)
-        finished, self._finished = self._finished, []
-        lag = self.config.async_scheduling  # the scheduler learns of a stop one step late (`config.py`)
-        lagged = [r.rid for r, *_ in rows if r.stopped]
-        placeholders = [r.out[1] if r.out[0] == self.emitted - 1 else 0 for r, *_ in rows] if lag else None
-        self._advance(rows, t, lag)
-        b = StepBatch(ids, slots, qlens, init, toks, step=self.emitted, live_slots=self.owned(),
-                      num_computed=computed, prompt_lens=prompts, draft_lens=drafts, num_accepted=accepted,
-                      blocks=blocks, finished=finished, post_copies=post, **aligned,
-                      num_output_placeholders=placeholders, lagged=lagged,
-                      prefill_lens=None if (pre := [x[0].target for x in rows]) == prompts else pre)  # resumed
-        self.emitted += 1
-        return b
-
-    def _advance(self, rows, t: int, lag: bool) -> None:
-        """After the step is emitted: each decode pending its kept count and released where it stops
-        (or is preempted), each chunk computed; with a block size, the columns behind each let go."""
-        for r, q, decode, d in rows:
-            if decode:
-                r.pending, r.drafts, r.out = True, d, (self.emitted, 1 + d)
-                r.decodes += 1
-                if r.stopped or (r.decode_steps is not None and r.decodes >= r.decode_steps and not lag):
-                    self._release(r, False, t + 1)
-                elif r.decode_steps is not None and r.decodes >= r.decode_steps:
-                    r.stopped = True
-                elif r.preempt_after is not None and r.decodes == r.preempt_after and not r.preempted:
-                    self._release(r, True, t + 1 + lag)  # async: its in-flight output drains first
-            else:  # a placeholder draft is never kept: the padded chunk computes its one token
-                r.num_computed += q - d
-                r.num_accepted = 1
-                if r.num_computed >= r.target:
-                    r.out = (self.emitted, 1)  # the prompt's last chunk samples a token
-                    if r.decode_steps == 0:
-                        r.stopped = lag
-                        if not lag:
-                            self._release(r, False, t + 1)
-        for r, _, decode, _ in rows if self.block_size else ():
-            if r in self._running:
-                self._retire(r, r.num_computed + decode)  # a decode has kept one token at least
