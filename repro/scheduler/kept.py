@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..errors import BadInput
+from ..control.shape import decode_len
 from .request import Req as _Req
 
 
@@ -16,8 +17,8 @@ class KeptCounts:
     list, and kept: num_computed advanced, the count reported by the request's next step."""
 
     def _check_kept(self, rid: int, a) -> None:
-        if not isinstance(a, int) or isinstance(a, bool) or not 1 <= a <= 1 + self.spec_tokens:
-            raise BadInput(f"request {rid}: a kept count of {a!r}; a spec decode keeps 1..{1 + self.spec_tokens}")
+        if not isinstance(a, int) or isinstance(a, bool) or not 1 <= a <= decode_len(self.spec_tokens):
+            raise BadInput(f"request {rid}: a kept count of {a!r}; a spec decode keeps 1..{decode_len(self.spec_tokens)}")
 
     def _settle(self, accepted: Mapping[int, int] | None) -> None:
         """The previous step's decodes keep `a` of their 1+K tokens (the bonus token and a-1
@@ -42,7 +43,7 @@ class KeptCounts:
         if not r.drafts:
             return 1
         if not r.accept:
-            return 1 + self.spec_tokens
+            return decode_len(self.spec_tokens)
         r.taken += 1
         return r.accept[(r.taken - 1) % len(r.accept)]
 

@@ -5,6 +5,7 @@ admitted with their blocks, ended or preempted by the caller (`Scheduler.finish_
 from __future__ import annotations
 
 from ..errors import BadInput
+from ..control.shape import decode_len
 from .request import Req as _Req
 
 
@@ -92,7 +93,7 @@ class RequestQueues:
 
     def _admit(self, r: _Req, need: int) -> None:  # without a block size (`_admit_aligned`: with one)
         self._waiting.remove(r)
-        r.blocks, self.free = self.free[: 1 + self.spec_tokens], self.free[1 + self.spec_tokens:]
+        r.blocks, self.free = self.free[: decode_len(self.spec_tokens)], self.free[decode_len(self.spec_tokens):]
         r.target, r.num_computed, r.decodes, r.num_accepted = need, 0, 0, 1  # InputBatch.add_request: accepted 1
         self._running.append(r)
 

@@ -33,6 +33,7 @@ from .kept import KeptCounts
 from .order import RowOrder
 from .request import Req as _Req
 from .prefix import ALIGN_BLOCKS, AlignedBlocks, BlockPool, aligned_chunk, check_block_size
+from ..control.shape import decode_len
 from .queues import RequestQueues
 
 MAX_SPEC_TOKENS = 4
@@ -58,13 +59,13 @@ class Scheduler(RequestQueues, KeptCounts, StepEmission, AlignedBlocks):
         self.max_seqs = max_seqs if max_seqs is not None else len(blocks) // (ALIGN_BLOCKS + spec_tokens)
         self.pool = BlockPool(sorted(blocks)) if block_size else None
         self._prefix: dict[int, tuple[int, int]] = {}  # rid -> (rid its first tokens repeat, how many)
-        if max_tokens < 1 + spec_tokens:
+        if max_tokens < decode_len(spec_tokens):
             raise BadInput(f"max_tokens {max_tokens} cannot hold one decode of 1+{spec_tokens} tokens")
         self.max_tokens, self.spec_tokens, self.vocab, self.seed = max_tokens, spec_tokens, vocab, seed
         config.check(max_tokens, spec_tokens)
         self.config, self.budget = config, config.budget(max_tokens)
         self.free = sorted(blocks)
-        if len(self.free) < 1 + spec_tokens:
+        if len(self.free) < decode_len(spec_tokens):
             raise BadInput(f"{len(self.free)} state blocks cannot hold one request's 1+{spec_tokens}")
         self.tick = 0  # the tick the next step or dummy runs at (arrivals are in ticks)
         self.emitted = 0  # steps emitted, dummies included: the next step's index
@@ -133,7 +134,7 @@ class Scheduler(RequestQueues, KeptCounts, StepEmission, AlignedBlocks):
             if budget <= 0:
                 break
             if r.num_computed >= r.target:
-                n = min(1 + k, budget)
+                n = min(decode_len(k), budget)
                 self._schedule(rows, (r, n, True, n - 1))
             else:
                 n = min(r.target - r.num_computed, cap or budget, budget)
@@ -150,7 +151,7 @@ class Scheduler(RequestQueues, KeptCounts, StepEmission, AlignedBlocks):
         k, bs = self.spec_tokens, self.block_size
         running, chunked = len(rows), any(not decode for _, _, decode, _ in rows)
         for r in list(self._waiting):
-            if r.arrive > t or (len(self._running) >= self.max_seqs if bs else len(self.free) < 1 + k):
+            if r.arrive > t or (len(self._running) >= self.max_seqs if bs else len(self.free) < decode_len(k)):
                 continue
             if budget <= 0:
                 break
@@ -164,14 +165,14 @@ class Scheduler(RequestQueues, KeptCounts, StepEmission, AlignedBlocks):
             need = r.prefill_len() - start
             n, pad = min(need, cap or need, budget), 0  # cut by the threshold, then chunked to the budget left
             if k and need == 1 and not chunked and (running or start):
-                if 1 + k > budget:
+                if decode_len(k) > budget:
                     break
-                n, pad = 1 + k, k
+                n, pad = decode_len(k), k
             if bs:
                 n = aligned_chunk(start, n, r.prefill_len(), bs, wide, r.prompt_len, r.junction)
                 if n == 0:
                     break  # clipped to nothing (`_mamba_block_aligned_split`): it waits (FCFS)
-                if pad and n != 1 + k:
+                if pad and n != decode_len(k):
                     n, pad = 1, 0
                 self._admit_aligned(r, hit, block)
             else:
