@@ -200,7 +200,6 @@ LONG_UNITS = {
     "repro/search/machine.py:lockstep_machine": "not yet split (its source seeds the search)",
     "repro/search/machine.py:lockstep_machine.LockstepMachine": "not yet split (its source seeds the search)",
     "repro/scheduler/scheduler.py:Scheduler": "not yet split",
-    "repro/lockstep/lockstep.py:Lockstep": "not yet split",
 }
 
 
