@@ -199,8 +199,6 @@ LONG_UNITS = {
     # searches of tests/test_machine.py draw: split it with those bounds checked again
     "repro/search/machine.py:lockstep_machine": "not yet split (its source seeds the search)",
     "repro/search/machine.py:lockstep_machine.LockstepMachine": "not yet split (its source seeds the search)",
-    "repro/capture/runner.py:GraphRunner": "not yet split",
-    "repro/lockstep/lockstep.py:Lockstep": "not yet split",
 }
 
 

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from repro.capture.forward import ChainForward
 from repro.capture.runner import GraphRunner
 from repro.graphs import make_provider
 from repro.islands import Model
@@ -27,13 +28,13 @@ def model_provider(tiny_path):
 def _poison_hidden(monkeypatch):
     """A fault planted at run time: graph 1's `hidden` gets NaN in its padded rows after each replay
     (what a kernel that writes past the live rows would leave)."""
-    real = GraphRunner._step_piecewise
+    real = ChainForward.piecewise
 
     def poisoned(self, cap, batch, meta):
         held, fresh, o1 = real(self, cap, batch, meta)
         o1["hidden"][batch.num_tokens:cap.size] = math.nan
         return held, fresh, o1
-    monkeypatch.setattr(GraphRunner, "_step_piecewise", poisoned)
+    monkeypatch.setattr(ChainForward, "piecewise", poisoned)
 
 
 def test_nan_in_padded_rows_is_a_pad_poison_finding_not_a_divergence(model_provider, monkeypatch):

@@ -11,6 +11,11 @@ Around each capture the capture-time checks run: a warm-up through the lint (an 
 mutation), Python attributes compared before and after (a value set during capture is frozen into
 the graph), the forward-context values the capture read (a later step that differs replays the
 frozen value), and, piecewise, which of graph 0's held outputs graph 1's replay writes over.
+
+A key is captured on the first step that dispatches it, into one pool the runner's graphs share
+(`ChainCapture.entry`), and again only where a forward-context value its graphs froze has changed
+and the runner's options say `recapture`; `forget` drops a size's graphs so its next step captures
+them again.
 """
 from __future__ import annotations
 
@@ -49,17 +54,52 @@ def span(t: torch.Tensor) -> tuple[int, int]:
 
 
 class ChainCapture:
-    """Captures one copy's chain (`capture(runtime, desc, meta, step)`), into `pool()` on `stream`;
-    findings go to `notes`."""
+    """Captures one copy's chain (`capture(runtime, desc, meta, step)`) on `stream`, into one shared
+    pool (`pool`), and keeps each key's graphs (`captured`, `entry`); `opts()` gives the runner's
+    options at each call; findings go to `notes`."""
 
-    def __init__(self, copy: LayerCopy, provider, inputs: StaticInputs, opts, notes: Notes, pool, stream=None):
+    def __init__(self, copy: LayerCopy, provider, inputs: StaticInputs, opts, notes: Notes, stream=None):
         self.copy, self.provider, self.inputs = copy, provider, inputs
-        self.opts, self.notes, self.pool, self.stream = opts, notes, pool, stream
+        self.opts, self.notes, self.stream = opts, notes, stream
+        self.pool = provider.new_pool("shared")
+        self.captured: dict[BatchDescriptor, Captured] = {}
         self.captures = 0
+
+    def entry(self, runtime: Runtime, desc: BatchDescriptor, step: int, path) -> Captured:
+        """The graphs of this key, captured now if needed (or again when a forward-context value they
+        froze has changed and `recapture` says so); a FULL capture is built over the metadata `path`
+        (the runner's control path) builds for capture."""
+        cap = self.captured.get(desc)
+        if cap is not None and cap.frozen:
+            now = self.copy.ctx.values()
+            changed = {k: (v, now.get(k)) for k, v in cap.frozen.items() if now.get(k) != v}
+            if changed:
+                self._note_frozen(desc, changed)
+                if self.opts().recapture:
+                    cap = None
+        if cap is None:
+            meta = path.capture_metadata(desc) if runtime is Runtime.FULL else None
+            cap = self.captured[desc] = self.capture(runtime, desc, meta, step)
+        return cap
+
+    def _note_frozen(self, desc, changed):
+        for k, (was, now) in changed.items():
+            self.notes.add("python-state", "forward-context",
+                           f"{k} was {was!r} when {desc} was captured and differs at a later replay: "
+                           "forward read it during capture, so replay uses the frozen value")
+
+    def forget(self, size: int) -> None:
+        """Drop the graphs of one capture size: the next step of that size captures it again. With
+        no graph left the pool is replaced: a capture into a pool whose every graph was released
+        fails CUDA's allocator assert (`graphs.refusals.RELEASED_POOL_PHRASE`)."""
+        for desc in [d for d in self.captured if d.num_tokens == size]:
+            del self.captured[desc]
+        if not self.captured:
+            self.pool = self.provider.new_pool("shared")
 
     def piece(self, pool=None, weak: bool = False) -> Piece:
         o: RunnerOptions = self.opts()
-        return Piece(self.provider, pool or self.pool(), weak=weak, warmup=self.linted, stream=self.stream,
+        return Piece(self.provider, pool or self.pool, weak=weak, warmup=self.linted, stream=self.stream,
                      relaxed=o.relaxed_capture)
 
     def linted(self, fn):

@@ -51,7 +51,7 @@ class Replayer:
         if o.amplify:
             # On the main stream, so the side stream's wait below orders the replay's writes after
             # it; every output is rewritten by the replay (or, piecewise, `core_out` by the main
-            # stream after it: `GraphRunner.clear_core_out`).
+            # stream after it: `forward.clear_core_out`).
             for v in piece.outputs.values():
                 poison_(v)
             self.amplified = True

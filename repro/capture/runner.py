@@ -9,9 +9,9 @@ through the seam); the runner asks it and runs the islands on what it answers.
    FULL) and graph key, padded to a capture size;
 3. the block table is committed and the GDN metadata builder builds the step's metadata, staging
    its persistent buffers where its decode branches say so;
-4. the model runs: a FULL graph replays the whole decode chain over those buffers; PIECEWISE
-   replays graph 0 (submod0) and graph 1 (submod1) with the GDN core eager between them on the
-   step's metadata; NONE runs the chain eagerly at the step's own size.
+4. the model runs (`forward.py`): a FULL graph replays the whole decode chain over those
+   buffers; PIECEWISE replays graph 0 (submod0) and graph 1 (submod1) with the GDN core eager
+   between them on the step's metadata; NONE runs the chain eagerly at the step's own size.
 
 With prefix caching's block size, each copy first copies a request's state forward where its running
 column moved (`control.prefix.forward_copies`, vLLM's `preprocess_mamba`), on the host's stream and
@@ -23,9 +23,9 @@ rank's batch where the step names it (`control.dispatch.dispatch_step`: padded t
 size, in the lower of the two modes); only a FULL dummy run builds metadata and touches state (a PIECEWISE or
 eager one runs without GDN metadata, which the layer treats as a warm-up); before it every copy
 makes the boundary copies the previous step queued (`post_copies`). Graphs are captured
-lazily on the first step that needs a key, into one shared pool, after a warm-up run; outputs of
-the last piece are held by weak reference (vLLM's `weak_ref_output`). Hazards and repairs change
-exactly one mechanism each (`knobs/hazards.py` describes them).
+lazily on the first step that needs a key, into one shared pool, after a warm-up run
+(`chain.py`); outputs of the last piece are held by weak reference (vLLM's `weak_ref_output`).
+Hazards and repairs change exactly one mechanism each (`knobs/hazards.py` describes them).
 """
 from __future__ import annotations
 
@@ -39,15 +39,14 @@ from ..knobs.modes import GraphMode, Runtime, parse_mode
 from ..control.prefix import copy_states, forward_copies
 from ..control.shape import StepShape
 from ..errors import ReplayRefused
-from ..graphs.lint import LintSchedule
-from ..islands.gdn import Submod0, Submod1
 from ..islands.layer import LayerCopy, collect
 from ..knobs.options import ControlRules, RunnerOptions
 from .buffers import StaticInputs, pad_value
 from .chain import Captured, ChainCapture
 from .control import MirrorPaths
 from .finding import Finding, Notes
-from .piece import Graph, IslandRunner, OverIslandRunner
+from .forward import ChainForward
+from .piece import IslandRunner, OverIslandRunner
 from .replay import Replayer
 
 
@@ -95,9 +94,10 @@ class GraphRunner:
     replays and reads back; nothing here reads a hazard's name. Its parts: the control path
     (`self.path`, from `paths`: the persistent batch, the dispatcher, the metadata builder; None: the
     mirror's under `rules`, `control.MirrorPaths`), the persistent inputs (`StaticInputs`), the
-    capture of each key (`ChainCapture`) and the replay and host read (`Replayer`). `sizes`: the
-    capture list asked for; None: the path's default (vLLM's default list for `max_num_seqs` requests
-    and a step budget of `max_tokens`)."""
+    capture of each key into the shared pool (`ChainCapture`), the model's run over a key's graphs
+    (`ChainForward`) and the replay and host read (`Replayer`). `sizes`: the capture list asked for;
+    None: the path's default (vLLM's default list for `max_num_seqs` requests and a step budget of
+    `max_tokens`)."""
 
     def __init__(self, copy: LayerCopy, provider, mode: str | GraphMode = "piecewise", sizes=None,
                  opts: RunnerOptions = RunnerOptions(), max_tokens: int = 64, stream=None,
@@ -110,16 +110,12 @@ class GraphRunner:
                                      self.sentinel, pad_value(opts.pad, self.sentinel))
         self.mode, self.sizes = self.path.mode, self.path.sizes
         self.inputs = StaticInputs(max(max_tokens, max(self.sizes, default=1)), copy.device, self.sentinel)
-        self.pool = provider.new_pool("shared")
-        self.captured: dict[BatchDescriptor, Captured] = {}
         self.notes = Notes()
-        self.capturer = ChainCapture(copy, provider, self.inputs, lambda: self.opts, self.notes,
-                                     lambda: self.pool, stream)
+        self.capturer = ChainCapture(copy, provider, self.inputs, lambda: self.opts, self.notes, stream)
         self.player = Replayer(provider, lambda: self.opts, self.notes)
-        self._lint = LintSchedule(opts.lint_every)  # when the eager splitting op is linted
+        self.forward = ChainForward(copy, self.inputs, self.capturer, self.player, lambda: self.opts, self.notes,
+                                    opts.lint_every)
         self.last: tuple[Runtime, BatchDescriptor] | None = None  # the last step's dispatch
-        # the last step's padded rows a later piece reads (`watch_padding`); empty: no padding
-        self.padding: dict[str, torch.Tensor] = {}
         for isl in copy.islands():
             isl.escape = provider.escape
 
@@ -132,8 +128,19 @@ class GraphRunner:
         return self.capturer.captures
 
     @property
+    def captured(self) -> dict[BatchDescriptor, Captured]:
+        """The graphs of each key captured so far (`ChainCapture.entry`)."""
+        return self.capturer.captured
+
+    @property
     def replays(self) -> int:
         return self.player.replays
+
+    @property
+    def padding(self) -> dict[str, torch.Tensor]:
+        """The last step's padded rows a later piece reads (`ChainForward.watch_padding`); empty: no
+        padding."""
+        return self.forward.padding
 
     @property
     def findings(self) -> list[Finding]:
@@ -151,35 +158,11 @@ class GraphRunner:
         runtime, desc = self.dispatch(batch)
         return None if runtime is Runtime.NONE else desc.num_tokens
 
-    def _update_states(self, batch: StepBatch) -> None:
-        self.path.update(batch)
-
-    def _metadata(self, batch: StepBatch, runtime: Runtime, desc: BatchDescriptor,
-                  accepted: list[int] | None = None):
-        return self.path.metadata(batch, runtime, desc, accepted)
-
     # ---- one step ---------------------------------------------------------------------------
-    def _entry(self, runtime: Runtime, desc: BatchDescriptor, step: int) -> Captured:
-        """The graphs of this key, captured now if needed (or again when a forward-context value they
-        froze has changed and `recapture` says so)."""
-        c = self.copy
-        cap = self.captured.get(desc)
-        if cap is not None and cap.frozen:
-            now = c.ctx.values()
-            changed = {k: (v, now.get(k)) for k, v in cap.frozen.items() if now.get(k) != v}
-            if changed:
-                self._note_frozen(desc, changed)
-                if self.opts.recapture:
-                    cap = None
-        if cap is None:
-            meta = self.path.capture_metadata(desc) if runtime is Runtime.FULL else None
-            cap = self.captured[desc] = self.capturer.capture(runtime, desc, meta, step)
-        return cap
-
     def step(self, batch: StepBatch) -> dict[str, torch.Tensor]:
         c = self.copy
-        self.padding = {}
-        self._update_states(batch)
+        self.forward.padding = {}
+        self.path.update(batch)  # vLLM's `_update_states`
         runtime, desc = self.last = self.dispatch(batch)
         if batch.dummy:
             with torch.inference_mode():
@@ -194,25 +177,13 @@ class GraphRunner:
         size = desc.num_tokens if runtime is not Runtime.NONE else n
         self.inputs.fill(n, size, d.ids, self.opts.pad)
         c.set_context(n)
-        cap = self._entry(runtime, desc, batch.step) if runtime is not Runtime.NONE else None
+        cap = self.capturer.entry(runtime, desc, batch.step, self.path) if runtime is not Runtime.NONE else None
         with torch.inference_mode():
             accepted = preprocess(c, batch)
-        meta = self._metadata(batch, runtime, desc, accepted)
+        meta = self.path.metadata(batch, runtime, desc, accepted)
         if cap is None:
-            return self._eager_step(batch, meta)
-        self.player.begin_step()
-        with torch.inference_mode():
-            if runtime is Runtime.FULL:
-                o = self.player.replay(cap.pieces[0])
-                held = {k: o[k] for k in Submod0.outputs}
-                o1 = {k: o[k] for k in Submod1.outputs}
-                fresh = None
-                self.watch_padding(n, size, o, o1)
-            else:
-                held, fresh, o1 = self._step_piecewise(cap, batch, meta)
-            o1 = self.player.read(o1, batch.step)
-            ids = c.head(hidden=o1["hidden"][:n])["token_ids"]
-            return self.player.check(batch.step, collect(held, o1, ids, n, fresh))
+            return self.forward.eager(batch, meta)
+        return self.forward.replay(cap, runtime, batch, meta)
 
     def _dummy_run(self, runtime: Runtime, desc: BatchDescriptor, step: int) -> None:
         """`_dummy_run(1+k, uniform_decode=True)`: in FULL, the path commits the block table and builds
@@ -220,86 +191,33 @@ class GraphRunner:
         are discarded."""
         if runtime is not Runtime.FULL:
             return
-        cap = self._entry(runtime, desc, step)
+        cap = self.capturer.entry(runtime, desc, step, self.path)
         self.path.dummy(desc)
         with torch.inference_mode():
             self.player.replay(cap.pieces[0])
-
-    def _step_piecewise(self, cap: Captured, batch: StepBatch, meta):
-        c, n, size = self.copy, batch.num_tokens, cap.size
-        o0 = self._run_piece(cap.pieces[0], lambda: c.submod0(input_ids=self.inputs.input_ids[:size]))
-        self.clear_core_out(o0, size)
-        held = o0
-        if cap.owned0 is not None:
-            for k, v in cap.owned0.items():
-                v.copy_(o0[k])
-            held = {**o0, **cap.owned0}
-        kind = (batch.num_decodes > 0, batch.num_tokens > batch.num_decodes)
-        core = (lambda: c.core(o0, meta, n))
-        fresh = self.capturer.linted(core) if self._lint.due(kind, batch.step) else core()
-        if fresh.data_ptr() != o0["core_out"].data_ptr():
-            self.notes.add("alias", "gdn_core", "gdn_core returned a fresh tensor, not the core_out buffer graph 1 "
-                           "captured: graph 1 reads the stale buffer unless the fresh tensor is copied into it")
-            if self.opts.copy_inputs:
-                o0["core_out"][:n].copy_(fresh)
-        ins = cap.ins1
-        if ins is not None:  # submod1 reads runner-owned buffers: fill them
-            for k in ins:
-                if ins[k].data_ptr() != o0[k].data_ptr():
-                    ins[k].copy_(o0[k])
-        o1 = self._run_piece(cap.pieces[1], lambda: c.submod1(core_out=fresh, z=o0["z"][:n],
-                                                               residual=o0["residual"][:n]))
-        self.watch_padding(n, size, ins if ins is not None else o0, o1)
-        if cap.owned0 is not None:
-            fresh = ins["core_out"][:n]  # the holder's copy, out of the pool
-        return held, fresh, o1
-
-    def watch_padding(self, n: int, size: int, into: dict, o1: dict) -> None:
-        """The step's padded rows (n..size-1) that a later piece reads: what graph 1 takes in
-        (`into`: graph 0's outputs and the splitting op's buffer, or the runner-owned copies it
-        reads) and graph 1's outputs, which the next layer's pieces take in. The lockstep checks
-        them for non-finite values (padding poison: no live row differs)."""
-        if size > n:
-            self.padding = {("gdn_core." if k == "core_out" else "submod0.") + k: into[k][n:size]
-                            for k in Submod1.inputs}
-            self.padding.update({f"submod1.{k}": v[n:size] for k, v in o1.items()})
-
-    @staticmethod
-    def clear_core_out(o0: dict, size: int) -> None:
-        """Pad rows deterministic. vLLM allocates the GDN output buffer with `torch.zeros`; Submod0
-        allocates it with `torch.empty`, so the rows the splitting op does not write (the pad rows
-        graph 1 reads, or every row when it returns a fresh tensor) would hold whatever the pool or
-        allocator left there, NaN included, and a fault that mixes rows would be caught on some runs
-        only. Zeroed after graph 0, before the splitting op writes its rows, a run is a pure
-        function of its seed."""
-        o0["core_out"][:size].zero_()
 
     def set_options(self, **changes) -> None:
         """Change runner options between steps (a scheduler moving the consumer to another stream)."""
         self.opts = replace(self.opts, **changes)
 
     def forget(self, size: int) -> None:
-        """Drop the graphs of one capture size: the next step of that size captures it again. With
-        no graph left the pool is replaced: a capture into a pool whose every graph was released
-        fails CUDA's allocator assert (`graphs.refusals.RELEASED_POOL_PHRASE`)."""
-        for desc in [d for d in self.captured if d.num_tokens == size]:
-            del self.captured[desc]
-        if not self.captured:
-            self.pool = self.provider.new_pool("shared")
+        """Drop the graphs of one capture size: the next step of that size captures it again
+        (`ChainCapture.forget`)."""
+        self.capturer.forget(size)
 
     def replayer(self, batch: StepBatch):
         """A callable that replays this batch's graphs as a step would, without refilling the inputs
         or reading the outputs (what `repro bench` times). Captures them if needed."""
-        self._update_states(batch)
+        self.path.update(batch)  # vLLM's `_update_states`
         runtime, desc = self.dispatch(batch)
         if runtime is Runtime.NONE:
             raise ValueError(f"a step of {batch.num_tokens} tokens runs eagerly in {self.mode} mode")
         self.inputs.fill(batch.num_tokens, desc.num_tokens, batch.on(self.copy.device).ids, self.opts.pad)
         self.copy.set_context(batch.num_tokens)
-        cap = self._entry(runtime, desc, batch.step)
+        cap = self.capturer.entry(runtime, desc, batch.step, self.path)
         with torch.inference_mode():
             accepted = preprocess(self.copy, batch)  # once, as the step would before its replay
-        meta = self._metadata(batch, runtime, desc, accepted)
+        meta = self.path.metadata(batch, runtime, desc, accepted)
         if runtime is Runtime.FULL:
             return cap.pieces[0].graph.replay
         c, (g0, g1) = self.copy, cap.pieces
@@ -316,23 +234,6 @@ class GraphRunner:
         if self.last is None or self.last[0] is not Runtime.FULL or batch.dummy:
             return None
         return self.path.pad_state_indices(batch, self.last[1])
-
-    def _note_frozen(self, desc, changed):
-        for k, (was, now) in changed.items():
-            self.notes.add("python-state", "forward-context",
-                           f"{k} was {was!r} when {desc} was captured and differs at a later replay: "
-                           "forward read it during capture, so replay uses the frozen value")
-
-    def _run_piece(self, piece: Graph | None, eager):
-        return eager() if piece is None else self.player.replay(piece)
-
-    def _eager_step(self, batch: StepBatch, meta):
-        c = self.copy
-        n = batch.num_tokens
-        with torch.inference_mode():
-            o0, core, o1 = c.chain(self.inputs.input_ids[:n], meta)
-            ids = c.head(hidden=o1["hidden"])["token_ids"]
-        return collect(o0, o1, ids, n, core)
 
 
 class PieceRunner(OverIslandRunner):

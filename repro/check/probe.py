@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from .compare import BATCH_VARIANCE, Divergence
+from ..capture.forward import clear_core_out
 from ..capture.runner import EagerRunner, preprocess
 from ..control.dispatch import pad_size
 from ..knobs.modes import Runtime
@@ -64,7 +65,7 @@ class ChainProbe:
                 o0, core, o1 = c.chain(ids, meta)
             else:  # submod0 padded, the splitting op on live rows, submod1 padded unless it runs eagerly
                 o0 = c.submod0(input_ids=ids)
-                r.clear_core_out(o0, size)  # as the runner does: pad rows zero
+                clear_core_out(o0, size)  # as the runner does: pad rows zero
                 core = c.core(o0, self.eager.meta(batch, accepted), n)
                 if {"submod1", "moe"} & set(r.opts.eager_families):
                     o1 = c.submod1(core_out=core, z=o0["z"][:n], residual=o0["residual"][:n])

@@ -2,8 +2,9 @@
 (`repro.control.builder.GDNMetadataBuilder`, sized and fed as `GraphRunner` sizes and feeds it)
 against vLLM's `GDNAttentionMetadataBuilder` under the same `VllmConfig` (`repro.upstream.builder`).
 
-`ControlPath` walks a sequence as the mirror's runner does (`repro/capture/runner.py: GraphRunner`:
-`_update_states`, `dispatch`, `_metadata`, `_capture_meta`, `_dummy_run`) and hands each build
+`ControlPath` walks a sequence as the mirror's runner does (`repro/capture/runner.py: GraphRunner`
+and its control path `repro/capture/control.py: MirrorPath`: `update`, `dispatch`, `metadata`,
+`capture_metadata`, `dummy`) and hands each build
 call, with the same `Common`, to both builders: the step's build; the capture build the first time
 a FULL key is used; a FULL dummy run's re-staging build (as the profile's rules say). After each
 call it compares the returned metadata (counts, state indices, query start locations,

@@ -13,7 +13,8 @@ digests of what went in at that step and the step before. Batch variance and non
 kernel findings: counted, the first of each kept, the eager copy's state resynced to the replay's,
 and the run goes on (in strict mode they fail the case, but the run still goes on, so a planted
 hazard is still found). The independent third copy (`check.reference_copy`) says which copy
-departed, and finds a fault both copies share.
+departed, and finds a fault both copies share. What follows the check (the oracle's class, the
+third copy's word, the weight a digest saw change) is in `classify.py`.
 
 While the device runs step k the host prepares step k+1's input tensors (`StepBatch.prepare`),
 and nothing in a step waits for the device except the one read.
@@ -26,18 +27,16 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..capture.runner import EagerRunner, GraphRunner
-from ..check.compare import (CORRUPTION, KERNEL_FINDINGS, ROUTING_TIE, UNOWNED, WEIGHTS, Divergence, compare_step,
-                             digest, max_abs, row_owner, same)
-from ..check.oracle import routing_inputs
+from ..check.compare import WEIGHTS, Divergence, compare_step, digest, same
 from ..check.probe import ChainProbe
-from ..check.reference_copy import ReferenceCopy, departed, name_weight_writer
+from ..check.reference_copy import ReferenceCopy
 from ..control.batch import StepBatch
 from ..errors import ReplayRefused
 from ..knobs.hazards import PAD_POISON
-from ..islands.layer import LayerCopy
 from ..knobs.options import Options
 from ..model.weights import copy_weights
 from .checks import CHECKS, DeviceCheck, HostCheck
+from .classify import Classify
 from .phases import Phases
 
 
@@ -53,29 +52,6 @@ def spans(rows: list[int]) -> str:
         else:
             out.append([r, r])
     return ", ".join(f"{a}..{b}" if b > a else str(a) for a, b in out)
-
-
-def step_context(batch: StepBatch | None, runner: GraphRunner | None) -> dict:
-    """What a report needs of a step: its requests and, for the replay copy, how it was dispatched
-    and what the padded rows held."""
-    if batch is None:
-        return {}
-    ctx = {"step": batch.step, "requests": batch.request_ids, "slots": batch.slots,
-           "query_lens": batch.query_lens, "has_initial_state": batch.has_initial_state,
-           "token_ids": digest(batch.token_ids)}
-    if batch.dummy:
-        ctx["dummy"] = True
-    if runner is not None and runner.last is not None:
-        runtime, desc = runner.last
-        n = batch.num_tokens
-        ctx["runtime_mode"] = str(runtime)
-        ctx["padded_to"] = desc.num_tokens if runtime.value else None
-        if runtime.value and desc.num_tokens > n:
-            ctx["pad_input_ids"] = runner.input_ids[n:desc.num_tokens].tolist()
-        pads = runner.pad_state_indices(batch)
-        if pads is not None:
-            ctx["pad_state_indices"] = pads
-    return ctx
 
 
 @dataclass
@@ -97,44 +73,15 @@ class LockstepResult:
         return self.divergence is not None
 
 
-def note_finding(table: dict, div: Divergence) -> None:
-    """Count a batch-variance / nondeterminism finding, keeping the first of its kind."""
-    entry = table.setdefault(div.kind, {"count": 0, "first": div})
-    entry["count"] += 1
-
-
-def _routing_finding(batch, ref: dict, eager: dict, ties: dict) -> Divergence:
-    """A `routing tie` finding: the first row whose expert flip a near-tie explains."""
-    row = min(ties)
-    rid, slot = row_owner(batch, row)
-    d = max_abs(ref["submod1.hidden"][row], eager["submod1.hidden"][row])
-    return Divergence(batch.step, "submod1", "hidden", row, rid, slot, d, kind=ROUTING_TIE,
-                      reason=f"against the independent reference copy: {ties[row]}; an expert flip moves its "
-                             f"token's rows by a whole expert's share (here |d| {d:.3g} in submod1.hidden): rounding, "
-                             "not corruption"
-                             + (f"; {len(ties)} rows at this step" if len(ties) > 1 else ""))
-
-
-def weight_divergence(step: int, changed: list[str], weights: dict, since: int | None = None) -> Divergence:
-    """Corruption naming the most specific changed weight (the smallest: a row view of a stacked
-    matrix before the matrix)."""
-    name = min(changed, key=lambda k: (weights[k].numel(), changed.index(k)))
-    when = f"after step {since}, by step {step}" if since is not None and since < step - 1 else f"at step {step}"
-    others = [k for k in changed if k != name]
-    reason = (f"weight {name} changed in place {when}: weights are constants, and both copies read the same "
-              f"tensor, so comparing them cannot see it" + (f"; also changed: {', '.join(others)}" if others else ""))
-    return Divergence(step, WEIGHTS, name, None, None, None, 0.0, kind=CORRUPTION, reason=reason,
-                      note="changed in place")
-
-
-class Lockstep:
+class Lockstep(Classify):
     """An eager copy and a replay copy of the islands stepping together, and a probe copy the
     oracle re-runs a mismatching step on. `make_copy(island_opts)` builds one copy with its own
     state cache; `opts` (`hazards.options_for`) says what the case's knobs change in each copy and
     in the runner. `step()` returns a failure (graph hazard / corruption) or None; kernel findings
     go to `kernel_findings`. `check`: "device" (`checks.DeviceCheck`: one read per step, whole state,
     weights) or "host" (`checks.HostCheck`: per-tensor comparisons on the host). `paths`: where both
-    runners' control decisions come from (`capture.control`; None: the mirror's under `opts.control`)."""
+    runners' control decisions come from (`capture.control`; None: the mirror's under `opts.control`).
+    What a difference is, after the check, is its `Classify` part (`classify.py`)."""
 
     def __init__(self, make_copy, provider, mode="piecewise", opts: Options = Options(), sizes=None,
                  max_tokens=64, trace=None, check: str = "device", weight_every: int = 1,
@@ -173,10 +120,6 @@ class Lockstep:
 
     def _compare(self, batch: StepBatch, e: dict, r: dict) -> Divergence | None:
         return compare_step(batch, e, r, self.eager_copy, self.replay_copy)
-
-    @staticmethod
-    def _state(copy: LayerCopy) -> dict:
-        return {f"gdn_core.{k}": v for k, v in copy.cache.tensors().items()}
 
     def step(self, batch: StepBatch, upcoming: StepBatch | None = None) -> Divergence | None:
         """One checked step, as its phases: eager, replay, check, classify, the third copy, record.
@@ -276,60 +219,12 @@ class Lockstep:
                              f"{spans(rows)} (live rows 0..{n - 1}, padded to {n + t.shape[0]}), which the next piece "
                              "reads: no live row differs here, but a piece that mixes rows would spread it")
 
-    def _weights_judged(self, judged, batch: StepBatch) -> Divergence:
-        if judged.weights_now:
-            return self._weights_changed(judged.weights, batch, self.pre)
-        return self._weights_changed(judged.weights, self.prev, self._pre_prev, before=batch)
-
-    def _classify(self, batch: StepBatch, div: Divergence, e: dict, r: dict) -> Divergence | None:
-        """The oracle's class of a difference, with the step's context; a kernel finding is counted
-        (the first of its kind with the kernel call that shows it), the eager copy resynced, and
-        None returned."""
-        div = self.probe.classify(batch, div, {**e, **self._state(self.eager_copy)},
-                                  {**r, **self._state(self.replay_copy)}, self.pre)
-        context = {"this_step": step_context(batch, self.graph), "previous_step": step_context(self.prev, None),
-                   "eager_digest": {k: digest(v) for k, v in e.items()},
-                   "replay_digest": {k: digest(v) for k, v in r.items()}}
-        div = replace(div, context=context)
-        if div.tensor.endswith("_state") and div.slot is not None and div.request is None \
-                and div.slot not in {b for blocks in batch.block_rows() for b in blocks} | set(batch.live_slots):
-            div = replace(div, note=UNOWNED, reason=f"{div.reason}; slot {div.slot} is written at this step and {UNOWNED}")
-        if div.kind not in KERNEL_FINDINGS:
-            return div
-        if div.kind not in self.kernel_findings:  # the first of its kind: which kernel call shows it
-            div = replace(div, kernel=self.probe.kernel_case(batch, div.kind, self.pre))
-        note_finding(self.kernel_findings, div)
-        self.resync()
-        return None
-
-    def _third_copy(self, batch: StepBatch, div: Divergence | None, e: dict, r: dict, clean: bool):
-        # a weight written in this step comes first: the third copy would see both copies depart
-        changed = self.check.changed_now()
-        if changed:
-            return self._weights_changed(changed, batch, self.pre)
-        return self._against_reference(batch, div, e, r, copies_equal=clean)
-
     def _record(self, batch: StepBatch, e: dict, r: dict) -> None:
         if self.trace is not None:
             self.trace.write(json.dumps({"step": batch.step, "eager": {k: digest(v) for k, v in e.items()},
                                          "replay": {k: digest(v) for k, v in r.items()}}) + "\n")
         self.prev = batch
         batch.release()
-
-    def _weights_changed(self, changed: list, batch: StepBatch | None, pre: dict, before=None) -> Divergence:
-        """The weight divergence of a change the digests saw after `batch` (run from `pre`); `batch`
-        None: before the first step (`before`), when no step of ours had run."""
-        weights = self.check.weights
-        if batch is None:
-            div = weight_divergence(before.step, changed, weights)
-            return replace(div, reason=div.reason.replace(f"at step {before.step}",
-                                                          f"before step {before.step}, the first"))
-        div = weight_divergence(batch.step, changed, weights, self._weights_checked_at)
-        div = replace(div, context={"this_step": step_context(batch, None)})
-        if self.reference is not None:  # which op wrote it
-            div = replace(div, reason=div.reason + name_weight_writer(self.reference, weights, changed,
-                                                                      lambda: self.probe.exact(batch, pre)))
-        return div
 
     def finish(self) -> Divergence | None:
         """After the last step: the weight digests of what it left (`StepCheck.begin` reads each
@@ -348,36 +243,6 @@ class Lockstep:
             if div is not None or self.refused:
                 return None if div is None else replace(div, damage=self.damage(batch, div))
         return self.finish()
-
-    def _against_reference(self, batch, div: Divergence | None, e: dict, r: dict,
-                           copies_equal: bool = False) -> Divergence | None:
-        """The step on the independent copy (`reference_copy`): says which copy departed from a
-        failure, or finds the corruption both copies share. `copies_equal`: the device check saw
-        every output and state slot of the two copies equal at this step."""
-        ref = self.reference.run(batch, self.pre)
-        who, why, first, ties = departed(batch, ref, {**e, **self._state(self.eager_copy)},
-                                         {**r, **self._state(self.replay_copy)}, self.probe.logits, self._routing,
-                                         self.bound_usage, copies_equal)
-        if ties:
-            note_finding(self.kernel_findings, _routing_finding(batch, ref, e, ties))
-        if who is not None and not self.reference.intact():
-            why, who = "the reference copy's own weights changed: it was not consulted", None
-        if div is not None:
-            return replace(div, departed=who, reason=f"{div.reason}; {why}")
-        if who is None:
-            return None
-        return replace(first, departed=who, reason=f"eager and replay agree, but {why}",
-                       context={"this_step": step_context(batch, self.graph)})
-
-    def _routing(self):
-        """(the reference copy's MoE input, the eager copy's, router weight, top_k) of this step."""
-        return routing_inputs(self.reference.copy.moe.last_input, self.eager_copy.moe.last_input, self.eager_copy.moe)
-
-    def resync(self) -> None:
-        """After a kernel finding: the eager copy's state becomes the replay's (equal to the padded
-        eager run, or within the kernel's own noise), so the next step is judged afresh."""
-        for k, v in self.eager_copy.cache.tensors().items():
-            v.copy_(self.replay_copy.cache.tensors()[k])
 
     def result(self, div: Divergence | None) -> LockstepResult:
         n = max(self.steps, 1)

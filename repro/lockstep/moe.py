@@ -12,7 +12,8 @@ from ..check.compare import KERNEL_FINDINGS, compare_outputs
 from ..check.probe import IslandProbe
 from ..islands.moe import MoEIsland
 from ..model.weights import island_weights
-from .lockstep import LockstepResult, note_finding, step_context, weight_divergence
+from .classify import note_finding, step_context, weight_divergence
+from .lockstep import LockstepResult
 from .checks import DeviceCheck, HostCheck
 from .phases import Phases
 
