@@ -17,6 +17,7 @@ from repro.graphs import make_provider
 from repro.islands import Model
 from repro.knobs.options import CommOptions, IslandOptions, Options, Pad, RunnerOptions
 from repro.capture.runner import GraphRunner
+from repro.control.shape import StepShape
 
 
 def _changed(opts: Options) -> set[str]:
@@ -136,8 +137,8 @@ def model(tiny_path):
 def test_pad_rows_carry_what_the_pad_option_names(model, pad, want):
     """Two decode steps through the FULL graph of size 4: the second's padded rows of the builder's
     staged state indices (what the replay reads) hold what the pad option names."""
-    runner = GraphRunner(model.copy(num_slots=4), make_provider("cpu"), mode="full", sizes=(4,),
-                         opts=RunnerOptions(pad=pad), max_num_seqs=4)
+    runner = GraphRunner(model.copy(num_slots=4), make_provider("cpu"), mode="full",
+                         shape=StepShape(max_num_seqs=4, sizes=(4,)), opts=RunnerOptions(pad=pad))
     step = lambda slots: StepBatch(list(range(len(slots))), slots, [1] * len(slots), [True] * len(slots),
                                    [5] * len(slots), live_slots=slots)
     for b in (step([1, 2, 3, 4]), step([1, 2])):

@@ -14,6 +14,7 @@ from repro.job.cases import Case, run_case
 from repro.job.results import exit_code, format_table, verdict
 from repro.scheduler.sequence import Request, Sequence
 from repro.search.blind import failure
+from repro.control.shape import StepShape
 
 # Three one-token prompts decoding together: three rows padded to the capture size 4 (piecewise).
 SEQ = Sequence([Request(i, 1, 3) for i in range(3)], num_slots=4, max_tokens=16)
@@ -63,7 +64,7 @@ def test_the_watched_rows_are_what_later_pieces_read(model_provider, mode):
     residual) and graph 1's outputs (the next layer's inputs), in both modes; none without padding."""
     model, provider = model_provider
     copy = model.copy(num_slots=4)
-    runner = GraphRunner(copy, provider, mode=mode, max_num_seqs=4, max_tokens=16)
+    runner = GraphRunner(copy, provider, mode=mode, shape=StepShape(max_num_seqs=4, max_tokens=16))
     b = SEQ.batches()
     runner.step(b[0])  # three prompts of one token: 3 rows padded to 4
     assert set(runner.padding) == {"gdn_core.core_out", "submod0.z", "submod0.residual", "submod1.hidden",

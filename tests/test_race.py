@@ -221,7 +221,7 @@ def model(tiny_path):
 def _lockstep(model, provider, mode, runner_opts, steps=14):
     seq = default_sequence(seed=1, steps=steps)
     ls = Lockstep(lambda o: model.copy(o, num_slots=seq.num_slots), provider, mode,
-                  Options(runner=runner_opts), max_tokens=seq.max_tokens)
+                  Options(runner=runner_opts), StepShape(max_tokens=seq.max_tokens))
     for b in seq.batches():
         div = ls.step(b)
         assert div is None, div.line()

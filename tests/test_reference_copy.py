@@ -20,6 +20,7 @@ from repro.job.cases import Case, default_sequence, run_case
 from repro.lockstep import Lockstep
 from repro.knobs.options import Options
 from repro.check.reference_copy import ReferenceCopy, default_every, independent_copy
+from repro.control.shape import StepShape
 
 SEQ = default_sequence(seed=2, steps=16)
 FAULT = {"on": False}
@@ -70,7 +71,7 @@ def test_the_eager_copy_departing_is_named(setup):
     seq = default_sequence(seed=2, steps=24)
     batches = seq.batches()
     ls = Lockstep(lambda o: model.copy(o, num_slots=seq.num_slots), provider, "piecewise", Options(),
-                  max_tokens=seq.max_tokens, reference=ReferenceCopy(independent_copy(model, seq.num_slots, 0), 1))
+                  StepShape(max_tokens=seq.max_tokens), reference=ReferenceCopy(independent_copy(model, seq.num_slots, 0), 1))
     captured, div = set(), None
     with registry.using(add_rms_norm="test-eager-only"):
         try:
@@ -155,7 +156,7 @@ def test_a_weight_change_names_the_op_that_wrote_it_and_is_restored(setup, once)
     seq = default_sequence(seed=2, steps=10)
     ref = ReferenceCopy(independent_copy(model, seq.num_slots, 0), 1)
     ls = Lockstep(lambda o: model.copy(o, num_slots=seq.num_slots), provider, "piecewise", Options(),
-                  max_tokens=seq.max_tokens, reference=ref)
+                  StepShape(max_tokens=seq.max_tokens), reference=ref)
     batches = seq.batches()
     div = None
     with registry.using(rms_norm="test-weight-writer"):
@@ -303,7 +304,7 @@ def _lockstep_until_divergence(model, provider, seq, norm_provider: str, referen
     """Piecewise lockstep over `seq` with `add_rms_norm` on `norm_provider`: (first divergence or
     None, the lockstep)."""
     ls = Lockstep(lambda o: model.copy(o, num_slots=seq.num_slots), provider, "piecewise", Options(),
-                  max_tokens=seq.max_tokens, reference=reference)
+                  StepShape(max_tokens=seq.max_tokens), reference=reference)
     with registry.using(add_rms_norm=norm_provider):
         for b in seq.batches():
             div = ls.step(b)

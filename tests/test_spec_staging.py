@@ -14,6 +14,7 @@ from repro.capture.runner import GraphRunner
 from repro.control.builder import Common
 from repro.graphs import make_provider
 from repro.islands import Model
+from repro.control.shape import StepShape
 from tests.scripts import template_module
 
 
@@ -35,7 +36,7 @@ def test_sizes_1_2_4_8_at_k2_with_8_sequences_stage_at_most_6_tokens(model):
     step (6 tokens) is staged, a 3-row one (9 tokens) is not, and the buffers keep the 2-row step's
     rows, where a mirror sized max(max_num_seqs, largest size) rows would have staged it."""
     runner = GraphRunner(model.copy(num_slots=8, spec_tokens=2), make_provider("cpu"), mode="full_and_piecewise",
-                         sizes=(1, 2, 4, 8), max_num_seqs=8)
+                         shape=StepShape(2, 8, sizes=(1, 2, 4, 8)))
     b = runner.path.builder
     assert runner.sizes == (3, 6) and b.max_rows == 6
     two = b.build(spec_rows([[1, 2, 3], [4, 5, 6]]))
@@ -51,7 +52,7 @@ def test_with_vllms_default_sizes_the_limit_is_the_largest_rounded_size(model, s
     """64 sequences and a 64-token budget at K = 2: vLLM's default list rounds to at most 57, so 19
     spec rows are staged and 20 are not; 256 sequences and 8192 tokens: 504, 168 rows."""
     runner = GraphRunner(model.copy(num_slots=4, spec_tokens=2), make_provider("cpu"), mode="full_and_piecewise",
-                         max_tokens=budget, max_num_seqs=seqs)
+                         shape=StepShape(2, seqs, budget))
     b = runner.path.builder
     assert b.max_rows == max(runner.sizes) == 3 * rows
     blocks = [[3 * i + 1, 3 * i + 2, 3 * i + 3] for i in range(rows + 1)]

@@ -16,6 +16,7 @@ from repro.job.cases import default_sequence
 from repro.lockstep import Lockstep, run_lockstep
 from repro.lockstep.checks import locate
 from repro.check.stepcheck import StepCheck, digest_words, words
+from repro.control.shape import StepShape
 
 SEQ = default_sequence(seed=0, steps=60)
 STALE_SEQ = default_sequence(seed=4, steps=60)
@@ -38,7 +39,7 @@ def run(model, provider, hazard, mode, check, seq=SEQ):
     sentinel = opts.sentinel(0)
     batches = seq.batches(None if sentinel == 0 else range(seq.num_slots))
     return run_lockstep(_make(model, seq, sentinel), provider, batches, mode=mode, opts=opts,
-                        max_tokens=seq.max_tokens, check=check)
+                        shape=StepShape(max_tokens=seq.max_tokens), check=check)
 
 
 @pytest.mark.parametrize("hazard, mode", [("stale-pad", "full"), ("pad-sentinel-mismatch", "full"),
@@ -61,7 +62,7 @@ def test_device_check_finds_the_host_paths_first_divergence(setup, hazard, mode)
 
 
 def _lockstep(model, provider, seq=SEQ):
-    return Lockstep(_make(model, seq, 0), provider, "full", max_tokens=seq.max_tokens)
+    return Lockstep(_make(model, seq, 0), provider, "full", shape=StepShape(max_tokens=seq.max_tokens))
 
 
 def _unowned_step(batches, want_null: bool):
@@ -113,7 +114,7 @@ def test_write_into_a_slot_no_live_request_owns_is_reported_at_that_step(setup, 
 def test_the_host_path_does_not_see_an_unowned_slot(setup):
     """Why the device check reads the whole state: the host path compares live and touched slots only."""
     model, provider = setup
-    ls = Lockstep(_make(model, SEQ, 0), provider, "full", max_tokens=SEQ.max_tokens, check="host")
+    ls = Lockstep(_make(model, SEQ, 0), provider, "full", shape=StepShape(max_tokens=SEQ.max_tokens), check="host")
     batches = SEQ.batches()
     ls.step(batches[0])
     ls.replay_copy.cache.ssm[0] += 1.0

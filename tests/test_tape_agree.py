@@ -220,6 +220,7 @@ def test_a_pool_whose_graphs_were_all_released_refuses_a_capture(provider):
 RELEASED_POOL = """
 import sys
 from repro.graphs import make_provider
+from repro.control.shape import StepShape
 from tests.test_tape_agree import _released_pool
 print(*_released_pool(make_provider(sys.argv[1]), after=False))
 """
@@ -287,13 +288,14 @@ def test_the_runner_recaptures_after_forgetting_every_size(provider, tiny_path, 
     the runner takes a new pool, so the captures succeed and replay still equals eager."""
     from repro.islands import Model
     from repro.job.cases import default_sequence
+    from repro.control.shape import StepShape
     from repro.lockstep import Lockstep
     from repro.knobs.options import Options
 
     seq = default_sequence(seed=3, steps=12)
     model = Model(tiny_path, provider.device)
     ls = Lockstep(lambda o: model.copy(o, num_slots=seq.num_slots), provider, mode, Options(),
-                  max_tokens=seq.max_tokens)
+                  StepShape(max_tokens=seq.max_tokens))
     for i, b in enumerate(seq.batches()):
         if i in (4, 8):
             for size in {d.num_tokens for d in ls.graph.captured}:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from repro.graphs.lint import Lint, LintSchedule, lint_call
+from repro.control.shape import StepShape
 
 NEIGHBOUR = torch.library.Library("repro_lint_test", "DEF")
 NEIGHBOUR.define("spill(Tensor x) -> Tensor")                   # declares no write
@@ -140,7 +141,7 @@ def test_the_splitting_op_is_linted_on_a_schedule_not_only_at_first_calls(tiny_p
     seq = default_sequence(seed=1, steps=14)
     opts = Options(runner=replace(RunnerOptions(), lint_every=every))
     ls = Lockstep(lambda o: model.copy(o, num_slots=seq.num_slots), provider, "piecewise", opts,
-                  max_tokens=seq.max_tokens)
+                  StepShape(max_tokens=seq.max_tokens))
     LATE.update(calls=0, **{"from": 12})  # past every op kind's first call: the first-call lint saw it clean
     try:
         with registry.using(gated_delta_rule_decode="test-late-writer"):

@@ -13,6 +13,7 @@ from repro.job.results import verdict
 from repro.knobs import hazards as hz
 from repro.lockstep.lockstep import Lockstep
 from repro.scheduler.sequence import Request, Sequence
+from repro.control.shape import StepShape
 
 SEQ = default_sequence(seed=0, steps=30)
 FUSED = {"gdn": "xpu_semantics"}
@@ -27,8 +28,8 @@ def setup(tiny_path):
 def full_lockstep(model, provider) -> Lockstep:
     """A FULL-mode chain lockstep over SEQ, no hazard, run to its end."""
     ls = Lockstep(lambda o: model.copy(o, num_slots=SEQ.copy_slots(), sentinel=0), provider, "full",
-                  hz.options_for((), ()), default_capture_sizes(SEQ.num_slots, SEQ.max_tokens, 0), SEQ.max_tokens,
-                  max_num_seqs=SEQ.num_slots)
+                  hz.options_for((), ()), StepShape(0, SEQ.num_slots, SEQ.max_tokens,
+                                                    default_capture_sizes(SEQ.num_slots, SEQ.max_tokens, 0)))
     assert ls.run(SEQ.batches()) is None  # clean: the null block is no request's state
     return ls
 

@@ -35,6 +35,7 @@ from ..lockstep import Lockstep, LockstepResult, Phases, moe_copies, run_lockste
 from ..model.tiny import default_checkpoint
 from ..search.hunt import hunt
 from ..control.shape import decode_len
+from ..control.shape import StepShape
 
 TARGET_STEPS_PER_S = 300  # the target: every island, real dimensions, B <= 8, one H200
 CASES = (("chain", "piecewise"), ("chain", "full"), ("submod0", "piecewise"), ("submod1", "piecewise"),
@@ -62,13 +63,13 @@ def run_checked(model, provider, island: str, mode: str, seq, check: str = "devi
     opts = replace(opts, runner=replace(opts.runner, eager_families=opts.runner.eager_families | kind(island).eager))
     make = lambda o: model.copy(o, num_slots=seq.num_slots, sentinel=0, spec_tokens=k)
     if check == "unchecked":
-        return run_unchecked(provider, seq.batches(), make, mode, opts, seq.max_tokens, num_slots=seq.num_slots)
-    return run_lockstep(make, provider, seq.batches(), mode=mode, opts=opts, max_tokens=seq.max_tokens, check=check,
-                        reference=ref, max_num_seqs=seq.num_slots)
+        return run_unchecked(provider, seq.batches(), make, mode, opts, StepShape.of(seq))
+    return run_lockstep(make, provider, seq.batches(), mode=mode, opts=opts, shape=StepShape.of(seq), check=check,
+                        reference=ref)
 
 
-def run_unchecked(provider, batches, make_copy=None, mode="piecewise", opts=None, max_tokens=64, moe=None,
-                  num_slots: int = 8):
+def run_unchecked(provider, batches, make_copy=None, mode="piecewise", opts=None, shape: StepShape = StepShape(),
+                  moe=None):
     """The lockstep's two copies with nothing checked: each step prepared, run through the eager and
     the replay copy (built and captured as `Lockstep` / `run_moe_lockstep` build them; `moe`: the
     model, for the moe island), the next step prepared, one synchronisation. No comparison, no state
@@ -83,7 +84,7 @@ def run_unchecked(provider, batches, make_copy=None, mode="piecewise", opts=None
                 return eager_island(input_ids=b.ids(provider.device))
         replay, graphs = (lambda b: runner.step(b.host_ids())), runner
     else:
-        ls = Lockstep(make_copy, provider, mode, opts, max_tokens=max_tokens, check="host", max_num_seqs=num_slots)
+        ls = Lockstep(make_copy, provider, mode, opts, shape, check="host")
         ph, eager, replay, graphs = ls.phases, ls.eager.step, ls.graph.step, ls.graph
     for i, b in enumerate(batches):
         ph.start()

@@ -58,6 +58,7 @@ from ..islands.moe import MoEIsland
 from ..capture.runner import GraphRunner
 from ..knobs.hazards import options_for
 from ..capture.runner import EagerRunner
+from ..control.shape import StepShape
 
 
 BENCH_ISLANDS = ("submod0", "gdn_core", "submod1", "moe")
@@ -263,7 +264,7 @@ class Bench:
             fb, fus = self._floor("chain", batch, e.cache, used)
             for mode in modes:
                 c = self._copy(batch)
-                runner = GraphRunner(c, self.provider, mode=mode, sizes=(batch,), max_tokens=batch)
+                runner = GraphRunner(c, self.provider, mode=mode, shape=StepShape(max_tokens=batch, sizes=(batch,)))
                 fn = runner.replayer(step)  # captures, then replays as a step does
                 replay = self.clock(fn)
                 prof = kernel_profile(fn, dev, self.profile) if self.profile else None
@@ -281,8 +282,9 @@ class Bench:
             base = None
             for repair in ["none"] + applicable_repairs(mode, self.provider.supports_streams):
                 opts = options_for((), () if repair == "none" else (repair,))
-                runner = GraphRunner(self._copy(batch), self.provider, mode=mode, sizes=(batch,),
-                                     opts=replace(opts.runner, amplify=False), max_tokens=batch)
+                runner = GraphRunner(self._copy(batch), self.provider, mode=mode,
+                                     shape=StepShape(max_tokens=batch, sizes=(batch,)),
+                                     opts=replace(opts.runner, amplify=False))
                 runner.step(step)  # captures
                 t = self.clock(lambda: runner.step(step))
                 if repair == "none":
@@ -303,8 +305,8 @@ class Bench:
         opts = hz.options_for([h.name for h in races], [h.repairs[0] for h in races]).runner
         t = {}
         for amp in (False, True):
-            runner = GraphRunner(self._copy(batch), self.provider, mode=mode, sizes=(batch,),
-                                 opts=replace(opts, amplify=amp), max_tokens=batch)
+            runner = GraphRunner(self._copy(batch), self.provider, mode=mode,
+                                 shape=StepShape(max_tokens=batch, sizes=(batch,)), opts=replace(opts, amplify=amp))
             runner.step(step)  # captures
             t[amp] = self.clock(lambda: runner.step(step))
         self.log(f"  amplifier {mode:<9} B={batch:<3} {t[False]:9.1f} -> {t[True]:9.1f} us")

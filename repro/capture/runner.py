@@ -95,21 +95,22 @@ class GraphRunner:
     (`self.path`, from `paths`: the persistent batch, the dispatcher, the metadata builder; None: the
     mirror's under `rules`, `control.MirrorPaths`), the persistent inputs (`StaticInputs`), the
     capture of each key into the shared pool (`ChainCapture`), the model's run over a key's graphs
-    (`ChainForward`) and the replay and host read (`Replayer`). `sizes`: the capture list asked for;
-    None: the path's default (vLLM's default list for `max_num_seqs` requests and a step budget of
-    `max_tokens`)."""
+    (`ChainForward`) and the replay and host read (`Replayer`). `shape`: the case's step shape
+    (`control.shape.StepShape`: K, the copy's; the requests a step holds, its token budget and the
+    capture sizes asked for, none: the path's default, vLLM's default list for that shape)."""
 
-    def __init__(self, copy: LayerCopy, provider, mode: str | GraphMode = "piecewise", sizes=None,
-                 opts: RunnerOptions = RunnerOptions(), max_tokens: int = 64, stream=None,
-                 rules: ControlRules = ControlRules(), max_num_seqs: int = 8, paths=None):
-        self.copy, self.provider, self.opts, self.rules = copy, provider, opts, rules
-        self.k, self.sentinel = copy.spec_tokens, copy.cache.sentinel
+    def __init__(self, copy: LayerCopy, provider, mode: str | GraphMode = "piecewise", shape: StepShape | None = None,
+                 opts: RunnerOptions = RunnerOptions(), stream=None, rules: ControlRules = ControlRules(), paths=None):
+        shape = StepShape(copy.spec_tokens) if shape is None else shape
+        if shape.spec_tokens != copy.spec_tokens:
+            raise ValueError(f"a runner of K = {shape.spec_tokens} over a copy built for K = {copy.spec_tokens}")
+        self.copy, self.provider, self.opts, self.rules, self.shape = copy, provider, opts, rules, shape
+        self.k, self.sentinel = shape.spec_tokens, copy.cache.sentinel
         self.paths = paths if paths is not None else MirrorPaths(rules)
-        shape = StepShape(self.k, max_num_seqs, max_tokens, sizes)
         self.path = self.paths.graph(parse_mode(mode) if isinstance(mode, str) else mode, shape, copy.device,
                                      self.sentinel, pad_value(opts.pad, self.sentinel))
         self.mode, self.sizes = self.path.mode, self.path.sizes
-        self.inputs = StaticInputs(max(max_tokens, max(self.sizes, default=1)), copy.device, self.sentinel)
+        self.inputs = StaticInputs(max(shape.max_tokens, max(self.sizes, default=1)), copy.device, self.sentinel)
         self.notes = Notes()
         self.capturer = ChainCapture(copy, provider, self.inputs, lambda: self.opts, self.notes, stream)
         self.player = Replayer(provider, lambda: self.opts, self.notes)

@@ -159,9 +159,8 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
             try:
                 res = run_lockstep(lambda o: model.copy(o, num_slots=shape.slots, sentinel=copy_sentinel,
                                                         spec_tokens=shape.spec_tokens),
-                                   provider, batches, mode=case.mode, opts=opts, sizes=shape.sizes, trace=trace,
-                                   progress=progress, max_tokens=shape.max_tokens, reference=ref,
-                                   max_num_seqs=shape.max_num_seqs, paths=paths)
+                                   provider, batches, mode=case.mode, opts=opts, shape=shape, trace=trace,
+                                   progress=progress, reference=ref, paths=paths)
             except KernelRefused as e:  # a kernel whose own sources leave this case's outcome unknown
                 return CaseResult(case, 0, None, strict=strict, refused=str(e))
     findings = [f.to_json() for f in res.findings]

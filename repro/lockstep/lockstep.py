@@ -31,6 +31,7 @@ from ..check.compare import WEIGHTS, Divergence, compare_step, digest, same
 from ..check.probe import ChainProbe
 from ..check.reference_copy import ReferenceCopy
 from ..control.batch import StepBatch
+from ..control.shape import StepShape
 from ..errors import ReplayRefused
 from ..knobs.hazards import PAD_POISON
 from ..knobs.options import Options
@@ -81,20 +82,21 @@ class Lockstep(Classify):
     go to `kernel_findings`. `check`: "device" (`checks.DeviceCheck`: one read per step, whole state,
     weights) or "host" (`checks.HostCheck`: per-tensor comparisons on the host). `paths`: where both
     runners' control decisions come from (`capture.control`; None: the mirror's under `opts.control`).
+    `shape`: the case's step shape (`control.shape.StepShape`), the copies' K and the runner's sizes.
     What a difference is, after the check, is its `Classify` part (`classify.py`)."""
 
-    def __init__(self, make_copy, provider, mode="piecewise", opts: Options = Options(), sizes=None,
-                 max_tokens=64, trace=None, check: str = "device", weight_every: int = 1,
-                 reference: ReferenceCopy | None = None, max_num_seqs: int = 8, paths=None):
+    def __init__(self, make_copy, provider, mode="piecewise", opts: Options = Options(),
+                 shape: StepShape | None = None, trace=None, check: str = "device", weight_every: int = 1,
+                 reference: ReferenceCopy | None = None, paths=None):
         if check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}")
         self.provider, self.trace = provider, trace
         self.eager_copy = make_copy(opts.eager_island)
         self.replay_copy = make_copy(opts.replay_island)
         self.eager = EagerRunner(self.eager_copy, opts.control, paths)
-        self.graph = GraphRunner(self.replay_copy, provider, mode=mode, sizes=sizes,
-                                 opts=opts.runner, max_tokens=max_tokens, rules=opts.control,
-                                 max_num_seqs=max_num_seqs, paths=paths)
+        shape = StepShape(self.replay_copy.spec_tokens) if shape is None else shape
+        self.graph = GraphRunner(self.replay_copy, provider, mode=mode, shape=shape, opts=opts.runner,
+                                 rules=opts.control, paths=paths)
         self.probe = ChainProbe(make_copy(opts.eager_island), self.graph)
         self.check = (DeviceCheck({**copy_weights(self.eager_copy), **copy_weights(self.replay_copy)}, weight_every)
                       if check == "device" else HostCheck(provider, self._compare))
@@ -254,10 +256,10 @@ class Lockstep(Classify):
 
 
 def run_lockstep(make_copy, provider, batches: list[StepBatch], mode="piecewise", opts: Options = Options(),
-                 sizes=None, trace=None, progress=None, max_tokens=64, check: str = "device",
-                 weight_every: int = 1, reference: ReferenceCopy | None = None,
-                 max_num_seqs: int = 8, paths=None) -> LockstepResult:
-    ls = Lockstep(make_copy, provider, mode, opts, sizes,
-                  max(max_tokens, max((b.num_tokens for b in batches), default=1)), trace, check, weight_every,
-                  reference, max_num_seqs, paths)
+                 shape: StepShape = StepShape(), trace=None, progress=None, check: str = "device",
+                 weight_every: int = 1, reference: ReferenceCopy | None = None, paths=None) -> LockstepResult:
+    """`batches` in lockstep under `shape` (its budget widened to the largest step, as a recorded
+    step may hold more tokens than the budget the shape was drawn with)."""
+    shape = replace(shape, max_tokens=max(shape.max_tokens, max((b.num_tokens for b in batches), default=1)))
+    ls = Lockstep(make_copy, provider, mode, opts, shape, trace, check, weight_every, reference, paths)
     return ls.result(ls.run(batches, progress))
