@@ -52,9 +52,10 @@ def long_prompt_lengths(spec_tokens: int = 0):
 @dataclass(frozen=True)
 class MachineConfig:
     """What a machine runs (`lockstep_machine`'s arguments): `model` on `provider` (a graph provider,
-    `repro.graphs`) in graph `mode`, with `hazards` and `repairs`, `num_slots` requests, K =
-    `spec_tokens` draft tokens a decode, an idle rank's dummy steps where `data_parallel`, `edges`
-    counting what the search reaches, and prefix caching where `block_size` is set."""
+    `repro.graphs`) in graph `mode`, with `hazards` and `repairs`, `num_slots` requests, the pad
+    `sentinel` (where no hazard's options set the kernels' own), K = `spec_tokens` draft tokens a
+    decode, an idle rank's dummy steps where `data_parallel`, `edges` counting what the search
+    reaches, and prefix caching where `block_size` is set."""
     model: Model
     provider: object
     mode: str
@@ -69,8 +70,8 @@ class MachineConfig:
 
     @property
     def per_slot(self) -> int:
-        """State blocks a request slot adds beyond the first: K, and with prefix caching the blocks
-        an aligned request holds besides (`ALIGN_BLOCKS`)."""
+        """State blocks a request slot holds beyond the first: K, and with a block size the other
+        `ALIGN_BLOCKS` - 1 (of running, copy source and cached)."""
         return ALIGN_BLOCKS - 1 + self.spec_tokens if self.block_size else self.spec_tokens
 
 
