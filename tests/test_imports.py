@@ -194,11 +194,6 @@ LONG_UNITS = {
     # the generated script an upstream reviewer runs alone: its main makes vLLM's calls for a step in
     # the order the runner makes them, read top to bottom beside vLLM's source
     "repro/report/standalone/vllm_decisions.py:main": "a standalone script, read top to bottom",
-    # not yet split: a derandomised run of the machine is seeded from its class's source (Hypothesis'
-    # `run_state_machine_as_test` digests the class), so any split moves the examples the bounded
-    # searches of tests/test_machine.py draw: split it with those bounds checked again
-    "repro/search/machine.py:lockstep_machine": "not yet split (its source seeds the search)",
-    "repro/search/machine.py:lockstep_machine.LockstepMachine": "not yet split (its source seeds the search)",
 }
 
 
