@@ -30,6 +30,7 @@ from ..scheduler.prefix import ALIGN_BLOCKS, check_block_size
 from ..scheduler.scheduler import Scheduler
 from ..scheduler.steps import block_pool
 from ..scheduler.sequence import copy_slots
+from ..control.shape import StepShape, decode_len
 from .edges import Edges
 
 MAX_TOKENS = 8
@@ -39,13 +40,13 @@ def prompt_lengths(spec_tokens: int = 0):
     """Prompts within the step budget: any length, and drawn often the rules' edges: 1 (a one-token
     first chunk, vLLM #51565) and 1+K (a prompt shaped like a decode, vLLM #53051) when K > 0."""
     fits = st.integers(1, MAX_TOKENS)
-    return st.one_of(fits, st.just(1), st.just(1 + spec_tokens)) if spec_tokens else fits
+    return st.one_of(fits, st.just(1), st.just(decode_len(spec_tokens))) if spec_tokens else fits
 
 
 def long_prompt_lengths(spec_tokens: int = 0):
     """Prompts longer than the step budget, split across steps: one past it (a one-token last
     chunk) and a last chunk of 1+K drawn often."""
-    return st.one_of(st.sampled_from([MAX_TOKENS + 1, 2 * MAX_TOKENS + 1 + spec_tokens]),
+    return st.one_of(st.sampled_from([MAX_TOKENS + 1, 2 * MAX_TOKENS + decode_len(spec_tokens)]),
                      st.integers(MAX_TOKENS + 1, 3 * MAX_TOKENS))
 
 
@@ -101,12 +102,13 @@ class LockstepRules(RuleBasedStateMachine):
         k, num_slots = c.spec_tokens, c.num_slots
         # with drafts, a budget that fits every request's decode (vLLM's max_num_batched_tokens is
         # at least max_num_seqs * (1+K)), so running requests stay in the batch together
-        budget = max(MAX_TOKENS, num_slots * (1 + k))
+        budget = max(MAX_TOKENS, num_slots * decode_len(k))
         slots = copy_slots(num_slots, 1 + c.per_slot, k)
         self.ls = Lockstep(lambda o: c.model.copy(o, num_slots=slots, sentinel=kernel_sentinel, spec_tokens=k),
-                           c.provider, mode=c.mode, opts=opts, max_tokens=max(MAX_TOKENS * 2, budget),
-                           max_num_seqs=num_slots, sizes=DEFAULT_SIZES)  # configured, as `Edges` and
-        # `drop_capture` take them
+                           c.provider, mode=c.mode, opts=opts,
+                           # the capture sizes configured, as `Edges` and `drop_capture` take them
+                           shape=StepShape(k, num_slots, max(MAX_TOKENS * 2, budget), DEFAULT_SIZES, c.block_size,
+                                           c.data_parallel, slots))
         self.sched = Scheduler(budget, block_pool(num_slots, c.per_slot, 1 if kernel_sentinel == 0 else 0), k,
                                c.model.cfg.vocab_size, seed=0, data_parallel=c.data_parallel,
                                block_size=c.block_size, max_seqs=num_slots)
@@ -224,7 +226,7 @@ def step_rules(config: MachineConfig) -> type:
     """The rules that run steps: one, several back to back, and one right after the oldest request
     finishes; with K > 0 each draws a kept count per request slot."""
     k = config.spec_tokens
-    kept_counts = st.lists(st.integers(1, 1 + k), min_size=config.num_slots, max_size=config.num_slots)
+    kept_counts = st.lists(st.integers(1, decode_len(k)), min_size=config.num_slots, max_size=config.num_slots)
 
     class Steps:
         # With K > 0 the kept counts come as a rule argument, one per request that can hold blocks
