@@ -193,7 +193,7 @@ def test_the_trace_names_the_inconsistent_step_and_the_v2_rule_has_none(tiny_pat
     found = {}
     for source, patches in (("vllm", (PR53059,)), ("vllm-v2", ())):
         with _paths(source, tiny_path, patches=patches) as paths:
-            path = paths.graph(FULL, None, 2, RESUMED.num_slots, RESUMED.max_tokens, "cpu", 0, 0)
+            path = paths.graph(FULL, StepShape(2, RESUMED.num_slots, RESUMED.max_tokens), "cpu", 0, 0)
             found[source] = first_inconsistent(decisions(path, steps))
     bad = found["vllm"]
     assert bad["step"] == TAIL and bad["runtime"] == "FULL" and not bad["staged"]

@@ -14,6 +14,7 @@ from ..control.dispatch import Dispatcher as Mirror, configured_sizes, default_c
 from ..knobs.modes import parse_mode, resolve
 from ..upstream.config import vllm_config
 from ..upstream.dispatch import Dispatcher
+from ..control.shape import StepShape
 from .result import RuleResult
 
 RULES = {
@@ -36,7 +37,7 @@ def mirror_dispatcher(case, rules) -> Mirror:
     """The mirror's dispatcher as `GraphRunner.__init__` builds it for the case under `rules`."""
     sizes = configured_sizes(case.sizes, case.max_num_seqs, case.max_num_batched_tokens, case.spec_tokens,
                              rules.decode_capture_sizes)
-    return Mirror(parse_mode(case.mode), sizes, case.spec_tokens, case.max_num_seqs)
+    return Mirror(parse_mode(case.mode), sizes, StepShape(case.spec_tokens, case.max_num_seqs))
 
 
 def compare_case(up, case, rules, out: dict[str, RuleResult], max_tokens: int = 600) -> None:
