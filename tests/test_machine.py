@@ -1,6 +1,6 @@
 """The stateful search: clean at baseline, and a planted hazard fails and shrinks."""
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from repro.graphs import make_provider
@@ -60,6 +60,7 @@ def _dev(n):
                     derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 
 
+EDGE_SEARCHES = 4
 RULES = ("admit", "admit_long", "step", "steps", "finish", "retire_oldest", "drain", "dummy_step", "churn_allocator",
          "recapture")
 
@@ -81,14 +82,21 @@ def test_the_machine_reaches_every_action_and_rule_edge(model_provider, mode):
     from repro.search.edges import ALL, Edges
     model, provider = model_provider
     edges = Edges(mode, 2, 4)
-    # 60 examples reach every edge for 83 of 100 seeds (median 17); the one most often missed is
-    # dummy-after-decode (both modes draw the same examples)
-    run_state_machine_as_test(lockstep_machine(model, provider, mode, spec_tokens=2, data_parallel=True,
-                                               edges=edges), settings=_dev(60))
     rules = [f"rule:{r}" for r in RULES]
     wanted = [e for e in ALL if not e.startswith("dispatch:")] + list(DISPATCHES[mode])
-    missing = [e for e in rules if not edges.counts[e]] + edges.missing(wanted)
-    assert not missing, (missing, dict(edges.counts))
+    missing = lambda: [e for e in rules if not edges.counts[e]] + edges.missing(wanted)
+    # Searches of 60 examples with the seeds 0, 1, ... (counts add up over them) until every edge is
+    # reached, at most EDGE_SEARCHES. One search of 60 reaches every edge for 83 of 100 seeds on a
+    # provider without streams (median 17) but less often where streams add a rule of their own (a
+    # GPU: a CPU sweep with streams reached every edge by about 40 constructions at the median, 9 to
+    # 120 for 15 of 16 seeds, once not within 200); the edge most often missed is dummy-after-decode.
+    # A fixed seed per search keeps the test deterministic whichever rules the device has.
+    for s in range(EDGE_SEARCHES):
+        machine = seed(s)(lockstep_machine(model, provider, mode, spec_tokens=2, data_parallel=True, edges=edges))
+        run_state_machine_as_test(machine, settings=settings(_dev(60), derandomize=False))
+        if not missing():
+            break
+    assert not missing(), (missing(), dict(edges.counts))
 
 
 def test_the_edge_counter_can_miss_an_edge(model_provider):
