@@ -35,8 +35,11 @@ DEFAULT_MAX_EXAMPLES = 60  # without --profile and without --max-examples
 def database(cache=None) -> DirectoryBasedExampleDatabase:
     """The Hypothesis database under the cache (`cache`: `io.cache_dir`'s root). Hypothesis's other
     files (the `constants/` cache its local-constants draws keep, the `.gitignore` it writes beside)
-    go to the same folder: its home defaults to `.hypothesis` in the working directory."""
+    go to the same folder: its home defaults to `.hypothesis` in the working directory. The folder is
+    made here: Hypothesis makes it only when it first writes, which a short search may never do (a
+    local-constants draw is random)."""
     home = cache_dir(cache) / "hypothesis"
+    home.mkdir(parents=True, exist_ok=True)
     set_hypothesis_home_dir(home)
     return DirectoryBasedExampleDatabase(str(home))
 
