@@ -55,7 +55,7 @@ def test_a_shape_is_frozen_and_built_from_its_sequence():
     seq = Sequence([Request(0, 5, 3)], num_slots=4, max_tokens=24, spec_tokens=2, block_size=8, data_parallel=True)
     shape = StepShape.of(seq, sizes=[1, 2, 4], slots=6)
     assert shape == StepShape(2, 4, 24, (1, 2, 4), 8, True, 6)
-    assert shape.decode_len == decode_len(2) == 3 and shape.state_rows == 6 * 3
+    assert shape.decode_len == decode_len(2) == 3
     assert StepShape.of(seq, max_tokens=40).max_tokens == 40 and StepShape.of(seq).slots == 4
     with pytest.raises(dataclasses.FrozenInstanceError):
         shape.spec_tokens = 3

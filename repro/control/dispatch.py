@@ -140,16 +140,15 @@ class Dispatcher:
         self.mode, self.shape = mode, shape
         self.q, self.max_num_seqs = shape.decode_len, shape.max_num_seqs
         self.sizes = capture_sizes(sizes, mode, shape.spec_tokens)
-        max_num_seqs = shape.max_num_seqs
         self.keys: dict[BatchDescriptor, Runtime] = {}
         if mode.mixed is not Runtime.NONE:
             for s in self.sizes:
-                key = BatchDescriptor(s) if mode.mixed is Runtime.PIECEWISE else BatchDescriptor(s, min(s, max_num_seqs))
+                key = BatchDescriptor(s) if mode.mixed is Runtime.PIECEWISE else BatchDescriptor(s, min(s, self.max_num_seqs))
                 self.keys[key] = mode.mixed
         if mode.decode is Runtime.FULL and mode.separate_routine:
             for s in self.sizes:
-                if self.q <= s <= self.q * max_num_seqs and s % self.q == 0:
-                    self.keys[BatchDescriptor(s, min(s // self.q, max_num_seqs), True)] = Runtime.FULL
+                if self.q <= s <= self.q * self.max_num_seqs and s % self.q == 0:
+                    self.keys[BatchDescriptor(s, min(s // self.q, self.max_num_seqs), True)] = Runtime.FULL
 
     def padded(self, num_tokens: int, uniform: bool) -> BatchDescriptor | None:
         """`CudagraphDispatcher._create_padded_batch_descriptor`."""

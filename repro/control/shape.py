@@ -40,11 +40,6 @@ class StepShape:
         """1+K (`decode_len`)."""
         return decode_len(self.spec_tokens)
 
-    @property
-    def state_rows(self) -> int:
-        """The state blocks a layer copy's cache holds: `slots` requests of 1+K blocks each."""
-        return self.slots * self.decode_len
-
     @classmethod
     def of(cls, seq, max_tokens: int | None = None, sizes=None, slots: int | None = None) -> "StepShape":
         """A sequence's shape (`scheduler.sequence.Sequence`): its K, request slots (vLLM's

@@ -147,10 +147,9 @@ def run_case(model: Model, provider, case: Case, seq: Sequence, sentinel: int = 
         asked = sizes  # under vLLM's control, None lets vLLM choose its own list
         sizes = sizes or default_capture_sizes(seq.num_slots, seq.max_tokens, seq.spec_tokens,
                                                opts.control.decode_capture_sizes)
-        # the case's shape, built once: a recorded step may hold more tokens than the sequence's budget,
-        # and a block size's pool (or vLLM's block ids) more state blocks than its request slots
-        shape = StepShape.of(seq, max(seq.max_tokens, max((b.num_tokens for b in batches), default=1)),
-                             asked if case.control.upstream else sizes, copy_slots(seq, batches))
+        # the case's shape, built once: a block size's pool (or vLLM's block ids) may hold more state
+        # blocks than the sequence's request slots (`run_lockstep` widens its budget to a larger step)
+        shape = StepShape.of(seq, sizes=asked if case.control.upstream else sizes, slots=copy_slots(seq, batches))
         with paths_for(case.control, opts.control, model.path, case.block_size) as paths:
             # the third copy keeps the fixed rules of the mirror: independent of the rules under test (the
             # case's, or vLLM's own), it sees a fault both copies share (`check.reference_copy`)
